@@ -1,0 +1,70 @@
+"""The proposer contract: `propose(state, n)` and `observe(results)`.
+
+One proposer instance serves one problem of one campaign. It never touches a GPU: it sees
+the space, the problem and the results the driver hands it.
+
+Contract, for every implementation:
+- `propose` returns at most `n` candidates, none of whose configs is in `state.seen` (tried
+  or pending), no two alike, each with the proposer's `name` and a one-line rationale.
+  An empty list means the proposer has nothing more to offer for this problem.
+- Proposed configs may be invalid for the problem; the driver checks them against the
+  space's constraints, records `invalid` and passes that result to `observe` (free of budget).
+- `observe` receives every result for the problem, including those of configs that other
+  proposers chose or that were already in the store. It must accept each result once.
+- Deterministic for a given seed and sequence of calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from tilepilot.experiments import Candidate, Config, Problem, Result, SearchSpace
+
+
+@dataclass(frozen=True)
+class ProposerContext:
+    kernel: str
+    problem: Problem
+    space: SearchSpace  # for replay: restricted to the recorded configs
+    seed: int
+    budget: int  # distinct configs that will be measured for this problem
+
+
+@dataclass
+class SearchState:
+    """What the driver knows of one problem: finished results and configs in flight."""
+
+    results: dict[Config, Result] = field(default_factory=dict)
+    pending: set[Config] = field(default_factory=set)
+
+    @property
+    def seen(self) -> set[Config]:
+        return set(self.results) | self.pending
+
+    def best(self) -> Result | None:
+        ok = [r for r in self.results.values() if r.median_ms is not None]
+        return min(ok, key=lambda r: r.median_ms or 0.0) if ok else None
+
+
+class Proposer(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, ctx: ProposerContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def propose(self, state: SearchState, n: int) -> list[Candidate]:
+        """Up to n new candidates (see the module docstring)."""
+
+    def observe(self, results: Sequence[Result]) -> None:  # noqa: B027 - a no-op hook
+        """Learn from finished results. The default ignores them."""
+
+    def close(self) -> None:  # noqa: B027 - a no-op hook
+        """Release resources (threads, studies). Called once when the campaign ends."""
+
+
+ProposerFactory = type[Proposer]
+Registry = Mapping[str, str]

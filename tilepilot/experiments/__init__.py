@@ -1,0 +1,25 @@
+"""The vocabulary of tilepilot. Frozen dataclasses; no I/O beyond reading a campaign file."""
+
+from __future__ import annotations
+
+from tilepilot.experiments.campaign import Campaign, load_campaign, parse_campaign
+from tilepilot.experiments.candidate import Candidate
+from tilepilot.experiments.errors import (
+    BackendUnavailable,
+    CampaignError,
+    DatasetError,
+    InputError,
+    TilepilotError,
+)
+from tilepilot.experiments.keys import experiment_key
+from tilepilot.experiments.result import Environment, Result, Telemetry, Timing
+from tilepilot.experiments.space import Constraint, Param, SearchSpace
+from tilepilot.experiments.status import Status
+from tilepilot.experiments.values import Config, Problem, Value, canonical_json
+
+__all__ = [
+    "BackendUnavailable", "Campaign", "CampaignError", "Candidate", "Config", "Constraint",
+    "DatasetError", "Environment", "InputError", "Param", "Problem", "Result", "SearchSpace",
+    "Status", "Telemetry", "TilepilotError", "Timing", "Value", "canonical_json",
+    "experiment_key", "load_campaign", "parse_campaign",
+]

@@ -1,0 +1,140 @@
+"""`Campaign`: a TOML file naming a kernel, its problems, a proposer and a budget.
+
+Validation is complete at load time: every mistake becomes one `CampaignError` line that names
+the bad key or value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tilepilot.experiments.errors import CampaignError, InputError
+from tilepilot.experiments.values import Problem
+
+ProblemParser = Callable[[Mapping[str, Any]], Problem]
+
+CAMPAIGN_KEYS = {
+    "name": "a name of letters, digits, '.', '_' and '-'",
+    "kernel": "a registered kernel family",
+    "proposer": "a proposer name",
+    "budget": "distinct configs to measure per problem (1 to 100000)",
+    "seed": "an integer",
+    "description": "free text",
+}
+TOP_KEYS = ("campaign", "problems")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+@dataclass(frozen=True)
+class Campaign:
+    name: str
+    kernel: str
+    proposer: str
+    budget: int
+    seed: int
+    problems: tuple[Problem, ...]  # empty: take every problem of the replay dataset
+    description: str = ""
+    source: str = ""  # the TOML text as loaded, kept with the campaign row
+
+    def with_problems(self, problems: Sequence[Problem]) -> Campaign:
+        return Campaign(self.name, self.kernel, self.proposer, self.budget, self.seed,
+                        tuple(problems), self.description, self.source)
+
+
+def load_campaign(
+    path: str | Path,
+    *,
+    kernels: Mapping[str, ProblemParser],
+    proposers: Sequence[str],
+    default_proposer: str = "optuna",
+) -> Campaign:
+    """Read and validate a campaign file.
+
+    `kernels` maps each known kernel name to the function that checks one `[[problems]]`
+    table (raising InputError); `proposers` lists the known proposer names.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CampaignError(f"campaign file {str(p)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CampaignError(f"campaign file {str(p)!r} cannot be read: {e}") from None
+    return parse_campaign(text, kernels=kernels, proposers=proposers,
+                          default_proposer=default_proposer, origin=str(p))
+
+
+def parse_campaign(
+    text: str,
+    *,
+    kernels: Mapping[str, ProblemParser],
+    proposers: Sequence[str],
+    default_proposer: str = "optuna",
+    origin: str = "<campaign>",
+) -> Campaign:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise CampaignError(f"{origin}: not valid TOML: {e}") from None
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise CampaignError(f"{origin}: unknown table {unknown[0]!r} (allowed: {', '.join(TOP_KEYS)})")
+    head = data.get("campaign")
+    if not isinstance(head, dict):
+        raise CampaignError(f"{origin}: missing [campaign] table")
+    unknown = sorted(set(head) - set(CAMPAIGN_KEYS))
+    if unknown:
+        raise CampaignError(
+            f"{origin}: unknown key campaign.{unknown[0]} (allowed: {', '.join(CAMPAIGN_KEYS)})")
+
+    name = _required(head, "name", str, origin)
+    if not NAME_RE.match(name):
+        raise CampaignError(f"{origin}: campaign.name={name!r} is not {CAMPAIGN_KEYS['name']}")
+    kernel = _required(head, "kernel", str, origin)
+    if kernel not in kernels:
+        raise CampaignError(
+            f"{origin}: unknown kernel {kernel!r} (known kernels: {', '.join(sorted(kernels))})")
+    proposer = head.get("proposer", default_proposer)
+    if not isinstance(proposer, str) or proposer not in proposers:
+        raise CampaignError(
+            f"{origin}: unknown proposer {proposer!r} (known proposers: {', '.join(proposers)})")
+    budget = _required(head, "budget", int, origin)
+    if not 1 <= budget <= 100_000:
+        raise CampaignError(f"{origin}: campaign.budget={budget} is not {CAMPAIGN_KEYS['budget']}")
+    seed = head.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise CampaignError(f"{origin}: campaign.seed={seed!r} is not an integer")
+    description = head.get("description", "")
+    if not isinstance(description, str) or len(description) > 2000:
+        raise CampaignError(f"{origin}: campaign.description must be text of at most 2000 characters")
+
+    raw_problems = data.get("problems", [])
+    if not isinstance(raw_problems, list) or not all(isinstance(x, dict) for x in raw_problems):
+        raise CampaignError(f"{origin}: 'problems' must be an array of tables ([[problems]])")
+    if len(raw_problems) > 1000:
+        raise CampaignError(f"{origin}: {len(raw_problems)} problems (at most 1000 allowed)")
+    problems: list[Problem] = []
+    for i, raw in enumerate(raw_problems, start=1):
+        try:
+            problem = kernels[kernel](raw)
+        except InputError as e:
+            raise CampaignError(f"{origin}: problem {i}: {e}") from None
+        if problem in problems:
+            raise CampaignError(f"{origin}: problem {i} ({problem.label()}) is listed twice")
+        problems.append(problem)
+    return Campaign(name, kernel, proposer, budget, seed, tuple(problems), description, text)
+
+
+def _required(table: Mapping[str, Any], key: str, kind: type, origin: str) -> Any:
+    if key not in table:
+        raise CampaignError(f"{origin}: missing campaign.{key} ({CAMPAIGN_KEYS[key]})")
+    value = table[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise CampaignError(
+            f"{origin}: campaign.{key}={value!r} is not {CAMPAIGN_KEYS[key]}")
+    return value

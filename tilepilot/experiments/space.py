@@ -1,0 +1,99 @@
+"""`SearchSpace`: the parameters of a kernel family's configs and the rules that make one invalid."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tilepilot.experiments.errors import InputError
+from tilepilot.experiments.values import Config, Problem, Value
+
+# A constraint returns None when the config is fine for the problem, else the reason it is not.
+Constraint = Callable[[Config, Problem], str | None]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable parameter with its allowed values, in increasing order where ordered."""
+
+    name: str
+    choices: tuple[Value, ...]
+
+    @property
+    def is_power_of_two(self) -> bool:
+        return all(isinstance(c, int) and c > 0 and c & (c - 1) == 0 for c in self.choices)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    params: tuple[Param, ...]
+    constraints: tuple[Constraint, ...] = field(default=())
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for p in self.params:
+            n *= len(p.choices)
+        return n
+
+    def __iter__(self) -> Iterator[Config]:
+        """Every point of the cartesian product, valid or not, in a stable order."""
+        for values in itertools.product(*(p.choices for p in self.params)):
+            yield Config.of(dict(zip(self.names, values, strict=True)))
+
+    def parse(self, data: Mapping[str, object]) -> Config:
+        """Check a config from outside (a file, an LLM, a user) and return it.
+
+        Raises InputError naming every unknown key, missing key and out-of-range value.
+        """
+        problems: list[str] = []
+        unknown = sorted(set(data) - set(self.names))
+        if unknown:
+            problems.append(f"unknown parameter(s) {', '.join(unknown)} (allowed: {', '.join(self.names)})")
+        for p in self.params:
+            if p.name not in data:
+                problems.append(f"missing {p.name}")
+            elif data[p.name] not in p.choices or isinstance(data[p.name], bool) != isinstance(p.choices[0], bool):
+                allowed = ", ".join(str(c) for c in p.choices)
+                problems.append(f"{p.name}={data[p.name]!r} is not one of {{{allowed}}}")
+        if problems:
+            raise InputError("bad config: " + "; ".join(problems))
+        return Config.of({p.name: data[p.name] for p in self.params})  # type: ignore[misc]
+
+    def check(self, config: Config, problem: Problem) -> str | None:
+        """The first reason this config cannot run on this problem, or None."""
+        for c in self.constraints:
+            reason = c(config, problem)
+            if reason:
+                return reason
+        return None
+
+    def valid(self, problem: Problem) -> list[Config]:
+        return [c for c in self if self.check(c, problem) is None]
+
+    def restricted(self, configs: Sequence[Config]) -> SearchSpace:
+        """The smallest sub-space (per-parameter choices) holding these configs, limited to them.
+
+        Used by replay: the searchable space is exactly the recorded configs.
+        """
+        allowed = frozenset(c.key() for c in configs)
+        params = tuple(
+            Param(p.name, tuple(v for v in p.choices if any(c[p.name] == v for c in configs)))
+            for p in self.params
+        )
+
+        def recorded(config: Config, problem: Problem) -> str | None:
+            return None if config.key() in allowed else "not in the recorded dataset"
+
+        return SearchSpace(params, self.constraints + (recorded,))
