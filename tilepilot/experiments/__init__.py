@@ -15,11 +15,12 @@ from tilepilot.experiments.keys import experiment_key
 from tilepilot.experiments.result import Environment, Result, Telemetry, Timing
 from tilepilot.experiments.space import Constraint, Param, SearchSpace
 from tilepilot.experiments.status import Status
+from tilepilot.experiments.telemetry import GpuSample
 from tilepilot.experiments.values import Config, Problem, Value, canonical_json
 
 __all__ = [
     "BackendUnavailable", "Campaign", "CampaignError", "Candidate", "Config", "Constraint",
-    "DatasetError", "Environment", "InputError", "Param", "Problem", "Result", "SearchSpace",
+    "DatasetError", "Environment", "GpuSample", "InputError", "Param", "Problem", "Result", "SearchSpace",
     "Status", "Telemetry", "TilepilotError", "Timing", "Value", "canonical_json",
     "experiment_key", "load_campaign", "parse_campaign",
 ]

@@ -64,7 +64,7 @@ class SearchSpace:
         for p in self.params:
             if p.name not in data:
                 problems.append(f"missing {p.name}")
-            elif data[p.name] not in p.choices or isinstance(data[p.name], bool) != isinstance(p.choices[0], bool):
+            elif not _allowed(data[p.name], p.choices):
                 allowed = ", ".join(str(c) for c in p.choices)
                 problems.append(f"{p.name}={data[p.name]!r} is not one of {{{allowed}}}")
         if problems:
@@ -96,4 +96,9 @@ class SearchSpace:
         def recorded(config: Config, problem: Problem) -> str | None:
             return None if config.key() in allowed else "not in the recorded dataset"
 
-        return SearchSpace(params, self.constraints + (recorded,))
+        return SearchSpace(params, (*self.constraints, recorded))
+
+
+def _allowed(value: object, choices: tuple[Value, ...]) -> bool:
+    """`value in choices`, but True is not 1 and 1.0 is not 1."""
+    return any(type(value) is type(c) and value == c for c in choices)
