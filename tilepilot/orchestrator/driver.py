@@ -1,0 +1,312 @@
+"""The campaign driver: proposers → queue → executor → store, until every budget is spent.
+
+One driver per campaign, single-threaded, the store's only writer. A campaign killed at any
+point resumes with `resume=True`: finished trials are read back and told to the proposers,
+work that was running goes back to the queue, and no experiment is measured twice (an
+experiment whose key is already in the store is reused, not re-measured).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tilepilot.agents.base import Proposer, ProposerContext, SearchState
+from tilepilot.agents.registry import get_proposer
+from tilepilot.experiments import (
+    Campaign,
+    Candidate,
+    Config,
+    Problem,
+    Result,
+    SearchSpace,
+    Status,
+    experiment_key,
+)
+from tilepilot.kernels.base import KernelFamily
+from tilepilot.orchestrator.executor import Batch, Executor
+from tilepilot.storage.store import Store, WinnerRow
+
+log = logging.getLogger(__name__)
+
+INVALID_STREAK_LIMIT = 200  # proposals in a row that break the space's constraints
+SAMPLE_EVERY_S = 5.0
+TOP_K_REMEASURE = 3
+
+
+@dataclass
+class ProblemRun:
+    problem: Problem
+    space: SearchSpace
+    proposer: Proposer
+    state: SearchState = field(default_factory=SearchState)
+    counted: int = 0  # distinct configs measured (or reused) against the budget
+    exhausted: bool = False
+    invalid_streak: int = 0
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+    best_ms: dict[Problem, float]
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+class Driver:
+    def __init__(
+        self,
+        campaign: Campaign,
+        family: KernelFamily,
+        store: Store,
+        executor: Executor,
+        *,
+        spaces: dict[Problem, SearchSpace],
+        campaign_id: int,
+        batch_size: int = 4,
+        on_progress: ProgressFn | None = None,
+    ) -> None:
+        self.campaign = campaign
+        self.family = family
+        self.store = store
+        self.executor = executor
+        self.campaign_id = campaign_id
+        self.batch_size = batch_size
+        self.on_progress = on_progress
+        proposer_cls = get_proposer(campaign.proposer)
+        self.runs: dict[Problem, ProblemRun] = {}
+        for problem in campaign.problems:
+            ctx = ProposerContext(kernel=campaign.kernel, problem=problem, space=spaces[problem],
+                                  seed=campaign.seed, budget=campaign.budget)
+            self.runs[problem] = ProblemRun(problem, spaces[problem], proposer_cls(ctx))
+        self.candidates: dict[int, Candidate] = {}  # queue id -> candidate, for queued/running rows
+        self._next_batch = 0
+        self._last_sample = 0.0
+
+    # ---- the loop -----------------------------------------------------------------------
+    def run(self) -> list[WinnerRow]:
+        self._restore()
+        self.store.log_event("campaign_started", f"campaign {self.campaign.name} started on "
+                             f"{self.executor.backend} ({self.executor.environment.device})",
+                             campaign_id=self.campaign_id,
+                             data={"problems": len(self.runs), "budget": self.campaign.budget})
+        while True:
+            self._fill()
+            self._dispatch()
+            self._collect(timeout_s=0.2)
+            self._sample()
+            if self._finished():
+                break
+        winners = [w for w in (self._declare(run) for run in self.runs.values()) if w]
+        for run in self.runs.values():
+            run.proposer.close()
+        self.store.set_campaign_state(self.campaign_id, "finished")
+        self.store.log_event("campaign_finished", f"campaign {self.campaign.name} finished: "
+                             f"{self._done()} trials", campaign_id=self.campaign_id)
+        return winners
+
+    def _finished(self) -> bool:
+        if self.executor.in_flight() or self.candidates:
+            return False
+        return all(run.exhausted or run.counted >= self.campaign.budget for run in self.runs.values())
+
+    def _done(self) -> int:
+        return sum(run.counted for run in self.runs.values())
+
+    # ---- resume -------------------------------------------------------------------------
+    def _restore(self) -> None:
+        by_key = {p.key(): run for p, run in self.runs.items()}
+        for trial, result in self.store.campaign_results(self.campaign_id):
+            run = by_key.get(trial.problem_key)
+            if run is None or result.config in run.state.results:
+                continue
+            self._learn(run, result)
+        requeued = self.store.requeue_unfinished(self.campaign_id)
+        if requeued:
+            self.store.log_event("resumed", f"{requeued} unfinished experiment(s) back in the queue",
+                                 campaign_id=self.campaign_id)
+        for row in self.store.queued(self.campaign_id):
+            run = by_key.get(row.problem_key)
+            if run is None:
+                continue
+            cand = Candidate(problem=run.problem, config=run.space.parse(row.config),
+                             proposer=row.proposer, rationale=row.rationale,
+                             predicted_ms=row.predicted_ms, hypothesis_id=row.hypothesis_id)
+            if cand.config in run.state.results:
+                self.store.set_queue_state(row.id, "dropped")
+                continue
+            self.candidates[row.id] = cand
+            run.state.pending.add(cand.config)
+
+    # ---- proposals ----------------------------------------------------------------------
+    def _fill(self) -> None:
+        for run in self.runs.values():
+            want = min(self.campaign.budget - run.counted - len(run.state.pending),
+                       self.batch_size * 2 - len(run.state.pending))
+            if run.exhausted or want <= 0:
+                continue
+            proposals = run.proposer.propose(run.state, want)
+            if not proposals:
+                run.exhausted = True
+                self.store.log_event("exhausted", f"{run.proposer.name} has nothing more to propose "
+                                     f"for {run.problem.label()}", campaign_id=self.campaign_id)
+                continue
+            fresh: list[Candidate] = []
+            for cand in proposals:
+                if cand.config in run.state.results or cand.config in run.state.pending:
+                    raise RuntimeError(f"{run.proposer.name} proposed a config it had seen: {cand.config}")
+                if self._settle_without_measuring(run, cand):
+                    continue
+                fresh.append(cand)
+                run.state.pending.add(cand.config)
+            if fresh:
+                ids = self.store.enqueue(
+                    self.campaign_id, fresh, priorities=[0.0] * len(fresh),
+                    reasons=[f"in proposal order ({c.proposer})" for c in fresh])
+                for qid, cand in zip(ids, fresh, strict=True):
+                    self.candidates[qid] = cand
+                self.store.log_event("queued", f"{len(fresh)} config(s) queued for "
+                                     f"{run.problem.label()} by {fresh[0].proposer}",
+                                     campaign_id=self.campaign_id)
+
+    def _settle_without_measuring(self, run: ProblemRun, cand: Candidate) -> bool:
+        """Invalid configs and experiments already in the store need no GPU."""
+        reason = run.space.check(cand.config, run.problem)
+        if reason:
+            run.invalid_streak += 1
+            if run.invalid_streak >= INVALID_STREAK_LIMIT:
+                run.exhausted = True
+            result = Result(problem=run.problem, config=cand.config, status=Status.INVALID,
+                            env=self.executor.environment, message=reason)
+            self._store_result(cand, result, reused=False, queue_id=None)
+            return True
+        run.invalid_streak = 0
+        existing = self.store.lookup_result(self._key(run.problem, cand.config))
+        if existing is None:
+            return False
+        self._store_result(cand, existing, reused=True, queue_id=None)
+        return True
+
+    # ---- dispatch and collection --------------------------------------------------------
+    def _dispatch(self) -> None:
+        while self.executor.free_slots() > 0:
+            rows = self.store.queued(self.campaign_id, limit=64)
+            if not rows:
+                return
+            first = rows[0]
+            picked = [r for r in rows if r.problem_key == first.problem_key][: self.batch_size]
+            problem = self.candidates[first.id].problem
+            batch = Batch(self._next_batch, problem,
+                          tuple(self.candidates[r.id].config for r in picked),
+                          tuple(r.id for r in picked))
+            self._next_batch += 1
+            with self.store.transaction():
+                for r in picked:
+                    self.store.set_queue_state(r.id, "running")
+            self.store.log_event("started", f"{len(picked)} config(s) of {problem.label()} started",
+                                 campaign_id=self.campaign_id)
+            self.executor.submit(batch)
+
+    def _collect(self, timeout_s: float) -> None:
+        for batch, results in self.executor.poll(timeout_s):
+            for qid, result in zip(batch.queue_ids, results, strict=True):
+                cand = self.candidates.pop(qid)
+                self._store_result(cand, result, reused=False, queue_id=qid)
+            if self.on_progress:
+                best = {p: r.state.best().median_ms for p, r in self.runs.items()  # type: ignore[union-attr]
+                        if r.state.best() is not None}
+                total = self.campaign.budget * len(self.runs)
+                self.on_progress(Progress(self._done(), total, best))  # type: ignore[arg-type]
+
+    def _store_result(self, cand: Candidate, result: Result, *, reused: bool, queue_id: int | None) -> None:
+        run = self.runs[cand.problem]
+        key = self._key(cand.problem, cand.config)
+        with self.store.transaction():
+            if not reused:
+                self.store.record_result(result, key=key, kernel=self.campaign.kernel,
+                                         kernel_version=self.executor.kernel_version,
+                                         worker=str(result.extra.get("worker", "")))
+            self.store.add_trial(self.campaign_id, key, cand, reused=reused)
+            if queue_id is not None:
+                self.store.set_queue_state(queue_id, "done", experiment_key=key)
+            self.store.log_event(
+                "finished" if result.status is Status.OK else "failed",
+                _describe(cand, result, reused), campaign_id=self.campaign_id,
+                data={"experiment": key, "status": str(result.status), "median_ms": result.median_ms})
+        self._learn(run, result)
+
+    def _learn(self, run: ProblemRun, result: Result) -> None:
+        run.state.pending.discard(result.config)
+        run.state.results[result.config] = result
+        if result.status.counts_against_budget:
+            run.counted += 1
+        run.proposer.observe([result])
+
+    def _key(self, problem: Problem, config: Config) -> str:
+        return experiment_key(self.campaign.kernel, self.executor.kernel_version, problem, config,
+                              self.executor.environment)
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        if now - self._last_sample < SAMPLE_EVERY_S:
+            return
+        self._last_sample = now
+        samples = self.executor.samples()
+        if samples:
+            self.store.add_gpu_samples(samples)
+
+    # ---- winners ------------------------------------------------------------------------
+    def _declare(self, run: ProblemRun) -> WinnerRow | None:
+        ok = sorted((r for r in run.state.results.values() if r.timing is not None),
+                    key=lambda r: r.median_ms or 0.0)
+        if not ok:
+            self.store.log_event("no_winner", f"no config of {run.problem.label()} ran correctly",
+                                 campaign_id=self.campaign_id)
+            return None
+        top = [r.config for r in ok[:TOP_K_REMEASURE]]
+        remeasured = sorted((r for r in self.executor.remeasure(run.problem, top) if r.timing),
+                            key=lambda r: r.median_ms or 0.0) or ok[:1]
+        winner = remeasured[0]
+        runner = remeasured[1] if len(remeasured) > 1 else None
+        assert winner.timing is not None
+        margin = (runner.median_ms / winner.median_ms - 1.0) if runner and runner.median_ms else None
+        noise = max(winner.timing.rel_spread, runner.timing.rel_spread if runner and runner.timing else 0.0)
+        verdict = self.executor.recheck(run.problem, winner.config)
+        base = self.executor.baseline(run.problem)
+        row = WinnerRow(
+            campaign_id=self.campaign_id,
+            problem_key=run.problem.key(),
+            experiment_key=self._key(run.problem, winner.config),
+            median_ms=winner.timing.median_ms,
+            rel_spread=winner.timing.rel_spread,
+            runner_up_key=self._key(run.problem, runner.config) if runner else None,
+            runner_up_ms=runner.median_ms if runner else None,
+            margin=margin,
+            tie=bool(margin is not None and margin <= noise),
+            recheck_passed=None if verdict is None else verdict.passed,
+            recheck_err=None if verdict is None else verdict.max_rel_err,
+            median_config_ms=statistics.median(r.median_ms or 0.0 for r in ok),
+            baseline_ms=base[1].median_ms if base else None,
+            baseline_name=base[0] if base else None,
+            decided_at=None,
+        )
+        self.store.set_winner(row)
+        tie = " (a tie within noise with the runner-up)" if row.tie else ""
+        self.store.log_event("winner", f"{run.problem.label()}: {winner.config.label()} at "
+                             f"{winner.timing.median_ms:.4f} ms{tie}", campaign_id=self.campaign_id,
+                             data={"experiment": row.experiment_key})
+        return row
+
+
+def _describe(cand: Candidate, result: Result, reused: bool) -> str:
+    what = f"{cand.problem.label()} {cand.config.label()}"
+    origin = " (from the store)" if reused else ""
+    if result.timing is not None:
+        return f"{what}: {result.timing.median_ms:.4f} ms{origin}"
+    return f"{what}: {result.status}{origin}: {result.message[:200]}"
+

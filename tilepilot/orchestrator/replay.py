@@ -1,0 +1,178 @@
+"""Replay: answers from measurements recorded on a real GPU.
+
+A dataset is JSON Lines, one object per measured (problem, config):
+`{"kernel", "problem", "config", "status", "median_ms", "device", "torch", "triton",
+"recorded_at", ...}` (extra keys allowed; `median_ms` null unless `status` is ok).
+The searchable space of a problem is exactly the configs recorded for it, and a proposer
+sees a recorded timing only through an evaluation that counts against its budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tilepilot.experiments import (
+    Config,
+    DatasetError,
+    Environment,
+    InputError,
+    Problem,
+    Result,
+    SearchSpace,
+    Status,
+    Telemetry,
+    Timing,
+)
+from tilepilot.kernels.base import KernelFamily
+
+REQUIRED = ("kernel", "problem", "config", "status", "median_ms", "device", "torch", "triton")
+DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "replay"
+
+
+@dataclass(frozen=True)
+class Record:
+    problem: Problem
+    config: Config
+    status: Status
+    median_ms: float | None
+    p20_ms: float | None
+    p80_ms: float | None
+    reps: int
+    message: str
+    env: Environment
+    sm_clock_mhz: float | None
+    max_rel_err: float | None
+
+
+class ReplayDataset:
+    """The records of one kernel family, indexed by problem and config."""
+
+    def __init__(self, path: Path, kernel: str, records: Sequence[Record], identity: str) -> None:
+        self.path = path
+        self.kernel = kernel
+        self.identity = identity  # replaces the kernel version in experiment keys
+        self._by_problem: dict[Problem, dict[Config, Record]] = {}
+        for r in records:
+            self._by_problem.setdefault(r.problem, {})[r.config] = r
+
+    @property
+    def problems(self) -> list[Problem]:
+        return list(self._by_problem)
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({r.env.device for recs in self._by_problem.values() for r in recs.values()})
+
+    def records(self, problem: Problem) -> dict[Config, Record]:
+        try:
+            return self._by_problem[problem]
+        except KeyError:
+            known = "; ".join(p.label() for p in self.problems)
+            raise DatasetError(
+                f"problem {problem.label()} is not in the dataset {self.path.name} (recorded: {known})"
+            ) from None
+
+    def space(self, family: KernelFamily, problem: Problem) -> SearchSpace:
+        return family.space().restricted(list(self.records(problem)))
+
+    def optimum_ms(self, problem: Problem) -> float | None:
+        times = [r.median_ms for r in self.records(problem).values() if r.median_ms is not None]
+        return min(times) if times else None
+
+    def result(self, problem: Problem, config: Config) -> Result:
+        rec = self.records(problem).get(config)
+        if rec is None:
+            raise DatasetError(f"config {config.label()} was not recorded for {problem.label()}")
+        timing = None
+        if rec.status is Status.OK and rec.median_ms is not None:
+            timing = Timing(
+                median_ms=rec.median_ms,
+                p20_ms=rec.p20_ms if rec.p20_ms is not None else rec.median_ms,
+                p80_ms=rec.p80_ms if rec.p80_ms is not None else rec.median_ms,
+                min_ms=rec.p20_ms if rec.p20_ms is not None else rec.median_ms,
+                reps=rec.reps,
+                l2_flushed=True,
+                method="replay",
+            )
+        return Result(
+            problem=problem, config=config, status=rec.status, env=rec.env, timing=timing,
+            message=rec.message, max_rel_err=rec.max_rel_err,
+            telemetry=Telemetry(sm_clock_mhz=rec.sm_clock_mhz),
+            extra={"dataset": self.path.name},
+        )
+
+
+def default_dataset(kernel: str) -> Path:
+    """The shipped dataset for a kernel family, e.g. data/replay/matmul-h100.jsonl."""
+    candidates = sorted(DATA_DIR.glob(f"{kernel}-*.jsonl"))
+    if not candidates:
+        shipped = ", ".join(sorted(p.name for p in DATA_DIR.glob("*.jsonl"))) or "none"
+        raise InputError(f"no recorded dataset for kernel {kernel!r} (shipped: {shipped}); pass --dataset FILE")
+    return candidates[0]
+
+
+def load_dataset(path: str | Path, family: KernelFamily) -> ReplayDataset:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"dataset {str(p)!r} does not exist") from None
+    except OSError as e:
+        raise DatasetError(f"dataset {str(p)!r} cannot be read: {e}") from None
+    records: list[Record] = []
+    space = family.space()
+    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{p.name}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise DatasetError(f"{p.name}:{n}: expected a JSON object")
+        if obj.get("kernel") != family.name:
+            continue  # a dataset may hold several families; take this one's lines
+        records.append(_record(obj, family, space, f"{p.name}:{n}"))
+    if not records:
+        raise DatasetError(f"dataset {p.name} has no records for kernel {family.name!r}")
+    identity = "replay:" + hashlib.sha256(raw).hexdigest()[:16]
+    return ReplayDataset(p, family.name, records, identity)
+
+
+def _record(obj: Mapping[str, Any], family: KernelFamily, space: SearchSpace, where: str) -> Record:
+    missing = [k for k in REQUIRED if k not in obj]
+    if missing:
+        raise DatasetError(f"{where}: missing key(s) {', '.join(missing)}")
+    try:
+        problem = family.parse_problem(obj["problem"])
+        config = space.parse(obj["config"])
+        status = Status(obj["status"])
+    except (InputError, ValueError, TypeError) as e:
+        raise DatasetError(f"{where}: {e}") from None
+    median = _number(obj.get("median_ms"), where, "median_ms")
+    if (status is Status.OK) != (median is not None):
+        raise DatasetError(f"{where}: median_ms must be a positive number exactly when status is ok")
+    env = Environment(backend="replay", device=str(obj["device"]), torch=str(obj["torch"]),
+                      triton=str(obj["triton"]), driver=str(obj.get("driver", "")))
+    return Record(
+        problem=problem, config=config, status=status, median_ms=median,
+        p20_ms=_number(obj.get("p20_ms"), where, "p20_ms"),
+        p80_ms=_number(obj.get("p80_ms"), where, "p80_ms"),
+        reps=int(obj.get("reps") or 0), message=str(obj.get("message") or ""), env=env,
+        sm_clock_mhz=_number(obj.get("sm_clock_mhz"), where, "sm_clock_mhz"),
+        max_rel_err=_number(obj.get("max_rel_err"), where, "max_rel_err", positive=False),
+    )
+
+
+def _number(v: object, where: str, key: str, *, positive: bool = True) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (positive and v <= 0):
+        raise DatasetError(f"{where}: {key}={v!r} is not a {'positive ' if positive else ''}finite number")
+    return float(v)

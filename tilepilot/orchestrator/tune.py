@@ -1,0 +1,174 @@
+"""`tune`: from a campaign file and the command line's choices to a finished campaign.
+
+Everything the user gave is validated in `plan()` before anything is written or started,
+so a mistake costs one line on stderr and leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tilepilot.agents.registry import DEFAULT_PROPOSER, proposer_names
+from tilepilot.experiments import (
+    BackendUnavailable,
+    Campaign,
+    InputError,
+    Problem,
+    SearchSpace,
+    load_campaign,
+)
+from tilepilot.kernels.base import KernelFamily
+from tilepilot.kernels.registry import get_family, problem_parsers
+from tilepilot.orchestrator.driver import Driver, ProgressFn
+from tilepilot.orchestrator.executor import Executor
+from tilepilot.orchestrator.replay import ReplayDataset, default_dataset, load_dataset
+from tilepilot.storage.store import Store, WinnerRow
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "gpu", "interpret", "replay")
+INTERPRET_MAX_FLOPS = 2e8  # the interpreter runs a program at a time on the CPU
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    campaign: Path
+    backend: str = "auto"
+    dataset: Path | None = None
+    db: Path = Path("tilepilot.db")
+    budget: int | None = None
+    proposer: str | None = None
+    address: str | None = None
+    resume: bool = False
+    dry_run: bool = False
+    workers: int | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    campaign: Campaign
+    family: KernelFamily
+    backend: str
+    dataset: ReplayDataset | None
+    spaces: dict[Problem, SearchSpace]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    plan: Plan
+    campaign_id: int
+    device: str
+    winners: list[WinnerRow]
+
+
+def plan(opts: TuneOptions) -> Plan:
+    if opts.backend not in BACKENDS:
+        raise InputError(f"unknown backend {opts.backend!r} (allowed: {', '.join(BACKENDS)})")
+    campaign = load_campaign(opts.campaign, kernels=problem_parsers(), proposers=proposer_names(),
+                             default_proposer=DEFAULT_PROPOSER)
+    if opts.budget is not None:
+        if not 1 <= opts.budget <= 100_000:
+            raise InputError(f"--budget {opts.budget} is out of range (allowed: 1 to 100000)")
+        campaign = replace(campaign, budget=opts.budget)
+    if opts.proposer is not None:
+        if opts.proposer not in proposer_names():
+            raise InputError(f"unknown proposer {opts.proposer!r} (known proposers: "
+                             f"{', '.join(proposer_names())})")
+        campaign = replace(campaign, proposer=opts.proposer)
+    family = get_family(campaign.kernel)
+    backend = resolve_backend(opts.backend, opts.address, opts.dataset)
+    if backend == "replay":
+        dataset = load_dataset(opts.dataset or default_dataset(campaign.kernel), family)
+        if not campaign.problems:
+            campaign = campaign.with_problems(dataset.problems)
+        spaces = {p: dataset.space(family, p) for p in campaign.problems}
+        return Plan(campaign, family, backend, dataset, spaces)
+    if opts.dataset is not None:
+        raise InputError(f"--dataset is for the replay backend, not {backend!r}")
+    if not campaign.problems:
+        raise InputError(f"{opts.campaign}: no [[problems]] (only a replay campaign may omit them)")
+    if backend == "interpret":
+        _check_interpretable(family, campaign.problems)
+    space = family.space()
+    return Plan(campaign, family, backend, None, {p: space for p in campaign.problems})
+
+
+def resolve_backend(name: str, address: str | None, dataset: Path | None) -> str:
+    if name != "auto":
+        return name
+    if dataset is not None:
+        return "replay"
+    if address is not None:
+        return "gpu"
+    from tilepilot.kernels.telemetry import nvml_available
+
+    return "gpu" if nvml_available() else "replay"
+
+
+def _check_interpretable(family: KernelFamily, problems: Sequence[Problem]) -> None:
+    for p in problems:
+        if p.get("dtype") == "bf16":
+            raise BackendUnavailable(
+                f"backend 'interpret' refuses bf16 ({p.label()}): the Triton interpreter computes "
+                "bf16 wrongly without an error; use fp16, or the gpu or replay backend")
+        if family.work(p).flops > INTERPRET_MAX_FLOPS:
+            raise BackendUnavailable(
+                f"problem {p.label()} is too large for the interpreter "
+                f"(at most {INTERPRET_MAX_FLOPS:.0e} FLOPs; use the gpu or replay backend)")
+
+
+def open_campaign(store: Store, p: Plan, opts: TuneOptions, device: str) -> int:
+    existing = store.get_campaign(p.campaign.name)
+    if existing is None:
+        dataset = str(p.dataset.path) if p.dataset else ""
+        return store.create_campaign(p.campaign, backend=p.backend, dataset=dataset, device=device)
+    if not opts.resume:
+        raise InputError(f"campaign {p.campaign.name!r} already exists in {opts.db} "
+                         "(use --resume to continue it, or another name)")
+    mismatch = [f"{k} {getattr(existing, k)!r} vs {v!r}" for k, v in
+                (("kernel", p.campaign.kernel), ("backend", p.backend), ("device", device))
+                if getattr(existing, k) != v]
+    if mismatch:
+        raise InputError(f"cannot resume {p.campaign.name!r}: it ran with a different "
+                         f"{'; '.join(mismatch)}")
+    store.set_campaign_state(existing.id, "running")
+    return existing.id
+
+
+def make_executor(p: Plan, opts: TuneOptions) -> Executor:
+    if p.backend == "replay":
+        from tilepilot.orchestrator.replay_executor import ReplayExecutor
+
+        assert p.dataset is not None
+        return ReplayExecutor(p.dataset)
+    from tilepilot.orchestrator.ray_executor import RayExecutor
+    from tilepilot.orchestrator.ray_runtime import start_ray
+
+    start_ray(opts.address)
+    return RayExecutor(p.family, p.backend, workers=opts.workers)
+
+
+def tune(opts: TuneOptions, *, on_progress: ProgressFn | None = None) -> Outcome:
+    p = plan(opts)
+    executor = make_executor(p, opts)
+    try:
+        store = Store(opts.db)
+        try:
+            campaign_id = open_campaign(store, p, opts, executor.environment.device)
+            driver = Driver(p.campaign, p.family, store, executor, spaces=p.spaces,
+                            campaign_id=campaign_id, on_progress=on_progress)
+            try:
+                winners = driver.run()
+            except BaseException:
+                store.set_campaign_state(campaign_id, "interrupted")
+                store.log_event("campaign_interrupted", f"campaign {p.campaign.name} interrupted; "
+                                "resume with --resume", campaign_id=campaign_id)
+                raise
+            return Outcome(p, campaign_id, executor.environment.device, winners)
+        finally:
+            store.close()
+    finally:
+        executor.close()
