@@ -8,7 +8,6 @@ compiled (configs that fail to compile come back as results without touching a G
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any

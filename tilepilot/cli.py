@@ -1,0 +1,294 @@
+"""The `tilepilot` command. Thin: parses, calls into the packages, prints.
+
+Exit codes: 0 success, 2 bad input (one line on stderr), 1 anything else, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from tilepilot.experiments import InputError, TilepilotError
+
+log = logging.getLogger("tilepilot")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(f"{self.prog}: {message}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        return int(args.func(args) or 0)
+    except InputError as e:
+        print(f"tilepilot: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tilepilot: interrupted", file=sys.stderr)
+        return 130
+    except TilepilotError as e:
+        print(f"tilepilot: error: {e}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tilepilot", description="Tuning campaigns for Triton kernels.")
+    sub = p.add_subparsers(parser_class=_Parser, metavar="COMMAND")
+
+    t = sub.add_parser("tune", help="run (or resume) a tuning campaign")
+    t.add_argument("campaign", type=Path, help="campaign file (TOML)")
+    t.add_argument("--backend", default="auto", help="auto | gpu | interpret | replay (default: auto)")
+    t.add_argument("--dataset", type=Path, help="recorded measurements for the replay backend (JSON Lines)")
+    t.add_argument("--db", type=Path, default=Path("tilepilot.db"), help="SQLite store (default: tilepilot.db)")
+    t.add_argument("--budget", type=int, help="distinct configs per problem (overrides the file)")
+    t.add_argument("--proposer", help="proposer name (overrides the file)")
+    t.add_argument("--address", help="join an existing Ray cluster ('auto' or host:port)")
+    t.add_argument("--workers", type=int, help="number of workers (default: one per GPU; 1 for interpret)")
+    t.add_argument("--resume", action="store_true", help="continue a campaign of the same name")
+    t.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
+    t.set_defaults(func=cmd_tune)
+
+    k = sub.add_parser("kernels", help="list the kernel families")
+    k.set_defaults(func=cmd_kernels)
+
+    h = sub.add_parser("history", help="experiments in the store")
+    _db_arg(h)
+    h.add_argument("--campaign")
+    h.add_argument("--kernel")
+    h.add_argument("--status")
+    h.add_argument("--proposer")
+    h.add_argument("--problem", action="append", default=[], metavar="KEY=VALUE",
+                   help="problem filter, e.g. --problem M=4096 (repeatable)")
+    h.add_argument("--limit", type=int)
+    _format_args(h)
+    h.set_defaults(func=cmd_history)
+
+    b = sub.add_parser("best", help="the winner per problem")
+    _db_arg(b)
+    b.add_argument("--campaign")
+    b.add_argument("--kernel")
+    _format_args(b)
+    b.set_defaults(func=cmd_best)
+
+    d = sub.add_parser("dashboard", help="serve the live dashboard")
+    _db_arg(d)
+    d.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    d.add_argument("--port", type=int, default=8501)
+    d.set_defaults(func=cmd_dashboard)
+    return p
+
+
+def _db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", type=Path, default=Path("tilepilot.db"), help="SQLite store (default: tilepilot.db)")
+
+
+def _format_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--json", action="store_true", help="JSON, one object per row")
+    g.add_argument("--csv", action="store_true", help="CSV with a header")
+
+
+# ---- tune ---------------------------------------------------------------------------------
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tilepilot.orchestrator.tune import TuneOptions, plan, tune
+
+    opts = TuneOptions(campaign=args.campaign, backend=args.backend, dataset=args.dataset, db=args.db,
+                       budget=args.budget, proposer=args.proposer, address=args.address,
+                       resume=args.resume, dry_run=args.dry_run, workers=_positive(args.workers, "--workers"))
+    if opts.dry_run:
+        p = plan(opts)
+        c = p.campaign
+        print(f"campaign {c.name}: kernel {c.kernel}, proposer {c.proposer}, backend {p.backend}, "
+              f"budget {c.budget} per problem, {len(c.problems)} problem(s), "
+              f"at most {c.budget * len(c.problems)} trials")
+        for prob in c.problems:
+            valid = len(p.spaces[prob].valid(prob))
+            print(f"  {prob.label()}: {valid} valid configs in the space")
+        return 0
+    bar = _ProgressBar()
+    try:
+        outcome = tune(opts, on_progress=bar)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"tilepilot: interrupted; resume with: tilepilot tune {args.campaign} --db {args.db} --resume",
+              file=sys.stderr)
+        return 130
+    bar.close()
+    backend = outcome.plan.backend
+    label = {"replay": f"replayed from measurements recorded on {outcome.device}",
+             "interpret": "Triton interpreter: CPU timings, not GPU",
+             "gpu": f"measured on {outcome.device}"}[backend]
+    print(f"campaign {outcome.plan.campaign.name} finished ({backend}: {label})")
+    from tilepilot.storage.queries import best, open_db
+
+    rows = best(open_db(args.db), campaign=outcome.plan.campaign.name)
+    _print_best(rows)
+    print(f"results in {args.db.resolve()}  (tilepilot dashboard --db {args.db})")
+    return 0
+
+
+def _positive(v: int | None, flag: str) -> int | None:
+    if v is not None and v < 1:
+        raise InputError(f"{flag} {v} must be at least 1")
+    return v
+
+
+class _ProgressBar:
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = -1
+
+    def __call__(self, p: Any) -> None:
+        width = 30
+        filled = int(width * p.done / max(1, p.total))
+        line = f"[{'#' * filled}{'.' * (width - filled)}] {p.done}/{p.total} trials"
+        if self.tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        elif p.done * 10 // max(1, p.total) != self.last:  # every 10% when logging to a file
+            self.last = p.done * 10 // max(1, p.total)
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)
+
+
+# ---- kernels ------------------------------------------------------------------------------
+def cmd_kernels(args: argparse.Namespace) -> int:
+    from tilepilot.kernels.registry import family_names, get_family
+
+    for name in family_names():
+        f = get_family(name)
+        space = f.space()
+        print(f"{name}  (version {f.version}; dtypes {', '.join(f.dtypes)})")
+        print(f"    {f.description}")
+        for prm in space.params:
+            print(f"    {prm.name}: {', '.join(str(c) for c in prm.choices)}")
+    return 0
+
+
+# ---- history and best ---------------------------------------------------------------------
+def cmd_history(args: argparse.Namespace) -> int:
+    from tilepilot.storage.queries import history, open_db
+
+    rows = history(open_db(args.db), campaign=args.campaign, kernel=args.kernel, status=args.status,
+                   proposer=args.proposer, problem=_problem_filter(args.problem) or None,
+                   limit=_positive(args.limit, "--limit"))
+    cols = ["campaign", "problem", "config", "status", "median_ms", "proposer", "rationale"]
+    _emit(args, [_plain(r) for r in rows], cols)
+    return 0
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from tilepilot.storage.queries import best, open_db
+
+    rows = best(open_db(args.db), campaign=args.campaign, kernel=args.kernel)
+    if args.json or args.csv:
+        _emit(args, [_plain(r) for r in rows], [])
+    else:
+        _print_best(rows)
+    return 0
+
+
+def _print_best(rows: Sequence[Any]) -> None:
+    if not rows:
+        print("no winners yet")
+        return
+    table = []
+    for r in rows:
+        d = _plain(r)
+        table.append({
+            "campaign": d.get("campaign", ""),
+            "problem": _compact(d.get("problem")),
+            "winner": _compact(d.get("config")),
+            "median_ms": d.get("median_ms"),
+            "vs median config": _ratio(d.get("speedup_vs_median")),
+            "vs " + (d.get("baseline_name") or "baseline"): _ratio(d.get("speedup_vs_baseline")),
+            "note": "tie" if d.get("tie") else "",
+        })
+    _print_table(table, list(table[0]))
+
+
+def _ratio(v: Any) -> str:
+    return f"{v:.2f}x" if isinstance(v, int | float) else "-"
+
+
+def _problem_filter(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InputError(f"--problem {item!r} is not KEY=VALUE (e.g. M=4096 or dtype=bf16)")
+        out[key] = int(value) if value.lstrip("-").isdigit() else value
+    return out
+
+
+def _plain(row: Any) -> dict[str, Any]:
+    d = dataclasses.asdict(row) if dataclasses.is_dataclass(row) else dict(row)
+    return {k: (dict(v) if hasattr(v, "as_dict") else v) for k, v in d.items()}
+
+
+def _compact(v: Any) -> str:
+    if isinstance(v, dict | tuple | list):
+        items = v.items() if isinstance(v, dict) else v
+        return " ".join(f"{k}={x}" for k, x in items)
+    return "" if v is None else str(v)
+
+
+def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], cols: list[str]) -> None:
+    if args.json:
+        for r in rows:
+            print(json.dumps(r, default=str))
+    elif args.csv:
+        fields = list(rows[0]) if rows else cols
+        w = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in r.items()})
+    else:
+        _print_table([{c: _cell(r.get(c)) for c in cols} for r in rows], cols)
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    text = _compact(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _print_table(rows: list[dict[str, Any]], cols: list[str], out: Callable[[str], None] = print) -> None:
+    if not rows:
+        out("no rows")
+        return
+    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    out("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+    for row in cells:
+        out("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)))
+
+
+# ---- dashboard ----------------------------------------------------------------------------
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from tilepilot.dashboard.launch import serve
+
+    if not 1 <= args.port <= 65535:
+        raise InputError(f"--port {args.port} is not a port number (1 to 65535)")
+    if not args.db.exists():
+        raise InputError(f"no tilepilot database at {str(args.db)!r} (run `tilepilot tune` first or pass --db)")
+    return serve(str(args.db), host=args.host, port=args.port)
