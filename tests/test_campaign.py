@@ -1,0 +1,103 @@
+"""Campaign files: every mistake is one CampaignError line naming the bad key or value."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from tilepilot.experiments import CampaignError, InputError, Problem, load_campaign, parse_campaign
+
+
+def _matmul_like(raw: Mapping[str, Any]) -> Problem:
+    for k in ("M", "N", "K"):
+        if not isinstance(raw.get(k), int) or raw[k] < 1:
+            raise InputError(f"{k}={raw.get(k)!r} is not a positive integer")
+    if raw.get("dtype") not in ("bf16", "fp16"):
+        raise InputError(f"dtype={raw.get('dtype')!r} is not one of bf16, fp16")
+    return Problem.of({k: raw[k] for k in ("M", "N", "K", "dtype")})
+
+
+KERNELS = {"matmul": _matmul_like, "softmax": _matmul_like}
+PROPOSERS = ["grid", "optuna", "random"]
+GOOD = """
+[campaign]
+name = "llama-mlp"
+kernel = "matmul"
+proposer = "optuna"
+budget = 40
+seed = 0
+[[problems]]
+M = 4096
+N = 4096
+K = 4096
+dtype = "bf16"
+"""
+
+
+def parse(text: str):
+    return parse_campaign(text, kernels=KERNELS, proposers=PROPOSERS)
+
+
+def test_good_campaign_loads():
+    c = parse(GOOD)
+    assert (c.name, c.kernel, c.proposer, c.budget, c.seed) == ("llama-mlp", "matmul", "optuna", 40, 0)
+    assert c.problems == (Problem.of({"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}),)
+    assert c.source == GOOD
+
+
+def test_proposer_defaults_to_optuna():
+    c = parse(GOOD.replace('proposer = "optuna"\n', ""))
+    assert c.proposer == "optuna"
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (('kernel = "matmul"', 'kernel = "matmull"'), "unknown kernel 'matmull' (known kernels: matmul, softmax)"),
+        (('proposer = "optuna"', 'proposer = "bayes"'), "unknown proposer 'bayes' (known proposers: grid, optuna"),
+        (("budget = 40", "budget = 0"), "campaign.budget=0 is not"),
+        (("budget = 40", 'budget = "40"'), "campaign.budget='40' is not"),
+        (("budget = 40", "budget = true"), "campaign.budget=True is not"),
+        (("seed = 0", "seed = 1.5"), "campaign.seed=1.5 is not an integer"),
+        (('name = "llama-mlp"', 'name = "a b;drop"'), "campaign.name='a b;drop' is not"),
+        (('name = "llama-mlp"\n', ""), "missing campaign.name"),
+        (("seed = 0", "seed = 0\nbudgett = 3"), "unknown key campaign.budgett (allowed: name, kernel"),
+        (('dtype = "bf16"', 'dtype = "fp8"'), "problem 1: dtype='fp8' is not one of bf16, fp16"),
+        (("M = 4096", "M = -1"), "problem 1: M=-1 is not a positive integer"),
+        (("[[problems]]", "[[problem]]"), "unknown table 'problem' (allowed: campaign, problems)"),
+        (("[campaign]", "[campaign"), "not valid TOML"),
+    ],
+)
+def test_bad_campaign_is_one_line_naming_the_value(edit, expected):
+    with pytest.raises(CampaignError) as e:
+        parse(GOOD.replace(*edit))
+    msg = str(e.value)
+    assert expected in msg
+    assert "\n" not in msg
+
+
+def test_missing_campaign_table():
+    with pytest.raises(CampaignError, match=r"missing \[campaign\] table"):
+        parse("[[problems]]\nM = 1\n")
+
+
+def test_duplicate_problem_is_refused():
+    text = GOOD + GOOD[GOOD.index("[[problems]]"):]
+    with pytest.raises(CampaignError, match="listed twice"):
+        parse(text)
+
+
+def test_problems_may_be_omitted_for_replay():
+    c = parse(GOOD[: GOOD.index("[[problems]]")])
+    assert c.problems == ()
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    with pytest.raises(CampaignError, match="does not exist"):
+        load_campaign(tmp_path / "nope.toml", kernels=KERNELS, proposers=PROPOSERS)
+    bad = tmp_path / "bin.toml"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(CampaignError, match="cannot be read"):
+        load_campaign(bad, kernels=KERNELS, proposers=PROPOSERS)
