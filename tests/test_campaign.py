@@ -66,7 +66,7 @@ def test_proposer_defaults_to_optuna():
         (("seed = 0", "seed = 0\nbudgett = 3"), "unknown key campaign.budgett (allowed: name, kernel"),
         (('dtype = "bf16"', 'dtype = "fp8"'), "problem 1: dtype='fp8' is not one of bf16, fp16"),
         (("M = 4096", "M = -1"), "problem 1: M=-1 is not a positive integer"),
-        (("[[problems]]", "[[problem]]"), "unknown table 'problem' (allowed: campaign, problems)"),
+        (("[[problems]]", "[[problem]]"), "unknown table 'problem' (allowed: campaign, problems, space, configs)"),
         (("[campaign]", "[campaign"), "not valid TOML"),
     ],
 )
@@ -101,3 +101,35 @@ def test_missing_and_unreadable_files(tmp_path):
     bad.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(CampaignError, match="cannot be read"):
         load_campaign(bad, kernels=KERNELS, proposers=PROPOSERS)
+
+
+def test_space_and_configs_tables_are_kept():
+    text = GOOD + '\n[space]\nnum_warps = [4, 8]\n\n[[configs]]\nnum_warps = 4\nBLOCK_SIZE_M = 64\n'
+    c = parse(text)
+    assert c.space == (("num_warps", (4, 8)),)
+    assert c.configs == ((("num_warps", 4), ("BLOCK_SIZE_M", 64)),)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("\n[space]\nnum_warps = []\n", "space.num_warps must be a non-empty list"),
+        ("\n[space]\nnum_warps = 4\n", "space.num_warps must be a non-empty list"),
+        ("\nconfigs = 3\n", "'configs' must be an array of tables"),
+    ],
+)
+def test_bad_space_or_configs(extra, expected):
+    text = extra + GOOD if extra.startswith("\nconfigs") else GOOD + extra
+    with pytest.raises(CampaignError, match=expected):
+        parse(text)
+
+
+def test_space_narrowed_rejects_unknown_parameter_and_choice():
+    from tilepilot.experiments import Param, SearchSpace
+
+    space = SearchSpace((Param("num_warps", (2, 4, 8)), Param("num_stages", (2, 3))))
+    assert space.narrowed({"num_warps": [4, 8]}).param("num_warps").choices == (4, 8)
+    with pytest.raises(InputError, match=r"space.warps: unknown parameter \(allowed: num_warps, num_stages\)"):
+        space.narrowed({"warps": [4]})
+    with pytest.raises(InputError, match=r"space.num_warps: 16 is not one of \{2, 4, 8\}"):
+        space.narrowed({"num_warps": [16]})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ CAMPAIGN_KEYS = {
     "seed": "an integer",
     "description": "free text",
 }
-TOP_KEYS = ("campaign", "problems")
+TOP_KEYS = ("campaign", "problems", "space", "configs")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -40,10 +40,14 @@ class Campaign:
     problems: tuple[Problem, ...]  # empty: take every problem of the replay dataset
     description: str = ""
     source: str = ""  # the TOML text as loaded, kept with the campaign row
+    # [space]: parameter -> the choices to search (a subset of the family's); checked by the
+    # planner against the kernel's space, since only it knows the space
+    space: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    # [[configs]]: configs to measure first (e.g. the one in production today), as given
+    configs: tuple[tuple[tuple[str, Any], ...], ...] = ()
 
     def with_problems(self, problems: Sequence[Problem]) -> Campaign:
-        return Campaign(self.name, self.kernel, self.proposer, self.budget, self.seed,
-                        tuple(problems), self.description, self.source)
+        return replace(self, problems=tuple(problems))
 
 
 def load_campaign(
@@ -127,7 +131,30 @@ def parse_campaign(
         if problem in problems:
             raise CampaignError(f"{origin}: problem {i} ({problem.label()}) is listed twice")
         problems.append(problem)
-    return Campaign(name, kernel, proposer, budget, seed, tuple(problems), description, text)
+    space = _space(data.get("space", {}), origin)
+    configs = _configs(data.get("configs", []), origin)
+    return Campaign(name, kernel, proposer, budget, seed, tuple(problems), description, text, space, configs)
+
+
+def _space(raw: Any, origin: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    if not isinstance(raw, dict):
+        raise CampaignError(f"{origin}: [space] must be a table of parameter = [choices]")
+    out = []
+    for name, choices in raw.items():
+        if not isinstance(choices, list) or not choices or len(choices) > 1000:
+            raise CampaignError(f"{origin}: space.{name} must be a non-empty list of choices")
+        if any(isinstance(c, dict | list) for c in choices):
+            raise CampaignError(f"{origin}: space.{name} holds a table or list; choices are numbers or text")
+        out.append((name, tuple(choices)))
+    return tuple(out)
+
+
+def _configs(raw: Any, origin: str) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    if not isinstance(raw, list) or not all(isinstance(x, dict) for x in raw):
+        raise CampaignError(f"{origin}: 'configs' must be an array of tables ([[configs]])")
+    if len(raw) > 1000:
+        raise CampaignError(f"{origin}: {len(raw)} configs (at most 1000 allowed)")
+    return tuple(tuple(c.items()) for c in raw)
 
 
 def _required(table: Mapping[str, Any], key: str, kind: type, origin: str) -> Any:

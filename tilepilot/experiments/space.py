@@ -82,6 +82,25 @@ class SearchSpace:
     def valid(self, problem: Problem) -> list[Config]:
         return [c for c in self if self.check(c, problem) is None]
 
+    def narrowed(self, choices: Mapping[str, Sequence[object]]) -> SearchSpace:
+        """The space with some parameters limited to the given choices (a campaign's [space]).
+
+        Raises InputError naming an unknown parameter or a choice the family does not allow.
+        """
+        for name, values in choices.items():
+            if name not in self.names:
+                raise InputError(f"space.{name}: unknown parameter (allowed: {', '.join(self.names)})")
+            bad = [v for v in values if not _allowed(v, self.param(name).choices)]
+            if bad:
+                allowed = ", ".join(str(c) for c in self.param(name).choices)
+                raise InputError(f"space.{name}: {bad[0]!r} is not one of {{{allowed}}}")
+        params = tuple(
+            Param(p.name, tuple(c for c in p.choices if p.name not in choices
+                                or any(_allowed(c, (v,)) for v in choices[p.name])))  # type: ignore[arg-type]
+            for p in self.params
+        )
+        return SearchSpace(params, self.constraints)
+
     def restricted(self, configs: Sequence[Config]) -> SearchSpace:
         """The smallest sub-space (per-parameter choices) holding these configs, limited to them.
 

@@ -69,6 +69,7 @@ class Driver:
         spaces: dict[Problem, SearchSpace],
         campaign_id: int,
         batch_size: int = 4,
+        first: tuple[Config, ...] = (),
         on_progress: ProgressFn | None = None,
     ) -> None:
         self.campaign = campaign
@@ -78,6 +79,7 @@ class Driver:
         self.campaign_id = campaign_id
         self.batch_size = batch_size
         self.on_progress = on_progress
+        self.first = first
         proposer_cls = get_proposer(campaign.proposer)
         self.runs: dict[Problem, ProblemRun] = {}
         for problem in campaign.problems:
@@ -91,6 +93,7 @@ class Driver:
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> list[WinnerRow]:
         self._restore()
+        self._enqueue_first()
         self.store.log_event("campaign_started", f"campaign {self.campaign.name} started on "
                              f"{self.executor.backend} ({self.executor.environment.device})",
                              campaign_id=self.campaign_id,
@@ -144,6 +147,13 @@ class Driver:
             run.state.pending.add(cand.config)
 
     # ---- proposals ----------------------------------------------------------------------
+    def _enqueue_first(self) -> None:
+        """The campaign file's [[configs]] go first, for every problem (once, even on resume)."""
+        for run in self.runs.values():
+            fresh = [Candidate(run.problem, c, "campaign", "listed in the campaign file's [[configs]]")
+                     for c in self.first if c not in run.state.seen]
+            self._admit(run, fresh)
+
     def _fill(self) -> None:
         for run in self.runs.values():
             want = min(self.campaign.budget - run.counted - len(run.state.pending),
@@ -156,23 +166,27 @@ class Driver:
                 self.store.log_event("exhausted", f"{run.proposer.name} has nothing more to propose "
                                      f"for {run.problem.label()}", campaign_id=self.campaign_id)
                 continue
-            fresh: list[Candidate] = []
             for cand in proposals:
-                if cand.config in run.state.results or cand.config in run.state.pending:
+                if cand.config in run.state.seen:
                     raise RuntimeError(f"{run.proposer.name} proposed a config it had seen: {cand.config}")
-                if self._settle_without_measuring(run, cand):
-                    continue
-                fresh.append(cand)
-                run.state.pending.add(cand.config)
-            if fresh:
-                ids = self.store.enqueue(
-                    self.campaign_id, fresh, priorities=[0.0] * len(fresh),
-                    reasons=[f"in proposal order ({c.proposer})" for c in fresh])
-                for qid, cand in zip(ids, fresh, strict=True):
-                    self.candidates[qid] = cand
-                self.store.log_event("queued", f"{len(fresh)} config(s) queued for "
-                                     f"{run.problem.label()} by {fresh[0].proposer}",
-                                     campaign_id=self.campaign_id)
+            self._admit(run, proposals)
+
+    def _admit(self, run: ProblemRun, proposals: list[Candidate]) -> None:
+        """Settle what needs no GPU; queue the rest in proposal order."""
+        fresh: list[Candidate] = []
+        for cand in proposals:
+            if self._settle_without_measuring(run, cand):
+                continue
+            fresh.append(cand)
+            run.state.pending.add(cand.config)
+        if not fresh:
+            return
+        ids = self.store.enqueue(self.campaign_id, fresh, priorities=[0.0] * len(fresh),
+                                 reasons=[f"in proposal order ({c.proposer})" for c in fresh])
+        for qid, cand in zip(ids, fresh, strict=True):
+            self.candidates[qid] = cand
+        self.store.log_event("queued", f"{len(fresh)} config(s) queued for {run.problem.label()} "
+                             f"by {fresh[0].proposer}", campaign_id=self.campaign_id)
 
     def _settle_without_measuring(self, run: ProblemRun, cand: Candidate) -> bool:
         """Invalid configs and experiments already in the store need no GPU."""

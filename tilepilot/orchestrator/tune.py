@@ -15,6 +15,7 @@ from tilepilot.agents.registry import DEFAULT_PROPOSER, proposer_names
 from tilepilot.experiments import (
     BackendUnavailable,
     Campaign,
+    Config,
     InputError,
     Problem,
     SearchSpace,
@@ -54,6 +55,7 @@ class Plan:
     backend: str
     dataset: ReplayDataset | None
     spaces: dict[Problem, SearchSpace]
+    first: tuple[Config, ...] = ()  # the campaign file's [[configs]], measured first
 
 
 @dataclass(frozen=True)
@@ -79,21 +81,41 @@ def plan(opts: TuneOptions) -> Plan:
                              f"{', '.join(proposer_names())})")
         campaign = replace(campaign, proposer=opts.proposer)
     family = get_family(campaign.kernel)
+    first = _first_configs(family, campaign, opts.campaign)
     backend = resolve_backend(opts.backend, opts.address, opts.dataset)
+    narrow = dict(campaign.space)
     if backend == "replay":
         dataset = load_dataset(opts.dataset or default_dataset(campaign.kernel), family)
         if not campaign.problems:
             campaign = campaign.with_problems(dataset.problems)
-        spaces = {p: dataset.space(family, p) for p in campaign.problems}
-        return Plan(campaign, family, backend, dataset, spaces)
+        spaces = {p: _narrowed(dataset.space(family, p), narrow, opts.campaign) for p in campaign.problems}
+        return Plan(campaign, family, backend, dataset, spaces, first)
     if opts.dataset is not None:
         raise InputError(f"--dataset is for the replay backend, not {backend!r}")
     if not campaign.problems:
         raise InputError(f"{opts.campaign}: no [[problems]] (only a replay campaign may omit them)")
     if backend == "interpret":
         _check_interpretable(family, campaign.problems)
+    space = _narrowed(family.space(), narrow, opts.campaign)
+    return Plan(campaign, family, backend, None, {p: space for p in campaign.problems}, first)
+
+
+def _narrowed(space: SearchSpace, choices: dict[str, tuple[object, ...]], origin: Path) -> SearchSpace:
+    try:
+        return space.narrowed(choices) if choices else space
+    except InputError as e:
+        raise InputError(f"{origin}: {e}") from None
+
+
+def _first_configs(family: KernelFamily, campaign: Campaign, origin: Path) -> tuple[Config, ...]:
     space = family.space()
-    return Plan(campaign, family, backend, None, {p: space for p in campaign.problems})
+    out: list[Config] = []
+    for i, raw in enumerate(campaign.configs, start=1):
+        try:
+            out.append(space.parse(dict(raw)))
+        except InputError as e:
+            raise InputError(f"{origin}: configs {i}: {e}") from None
+    return tuple(out)
 
 
 def resolve_backend(name: str, address: str | None, dataset: Path | None) -> str:
@@ -159,7 +181,7 @@ def tune(opts: TuneOptions, *, on_progress: ProgressFn | None = None) -> Outcome
         try:
             campaign_id = open_campaign(store, p, opts, executor.environment.device)
             driver = Driver(p.campaign, p.family, store, executor, spaces=p.spaces,
-                            campaign_id=campaign_id, on_progress=on_progress)
+                            campaign_id=campaign_id, first=p.first, on_progress=on_progress)
             try:
                 winners = driver.run()
             except BaseException:
