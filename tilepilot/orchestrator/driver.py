@@ -137,9 +137,7 @@ class Driver:
             run = by_key.get(row.problem_key)
             if run is None:
                 continue
-            cand = Candidate(problem=run.problem, config=run.space.parse(row.config),
-                             proposer=row.proposer, rationale=row.rationale,
-                             predicted_ms=row.predicted_ms, hypothesis_id=row.hypothesis_id)
+            cand = row.candidate
             if cand.config in run.state.results:
                 self.store.set_queue_state(row.id, "dropped")
                 continue
