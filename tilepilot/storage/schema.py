@@ -1,0 +1,277 @@
+"""The SQLite schema, its version, and how a file is opened and migrated.
+
+Conventions, for every table:
+- times are epoch seconds (REAL, UTC), in columns named `*_at` or `ts`;
+- dicts (problems, configs, extra data) are JSON text; `problem_key` / `config_key` are the
+  canonical JSON of `Problem.key()` / `Config.key()`, which is what filters and joins use;
+- booleans are INTEGER 0/1; a missing number is NULL.
+
+The schema version lives in `PRAGMA user_version`. `MIGRATIONS[i]` takes a database from
+version i to i + 1; to add a column later, append a step (e.g. `ALTER TABLE ... ADD COLUMN`)
+and never edit an old one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import sqlite_utils
+
+from tilepilot.experiments import InputError
+
+log = logging.getLogger(__name__)
+
+TABLES = ("campaigns", "experiments", "results", "trials", "queue", "events", "gpu_samples", "winners")
+CAMPAIGN_STATES = ("running", "finished", "interrupted", "failed")
+QUEUE_STATES = ("queued", "compiling", "running", "done", "dropped")
+
+_V1 = """
+CREATE TABLE campaigns (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    kernel TEXT NOT NULL,
+    proposer TEXT NOT NULL,
+    budget INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    backend TEXT NOT NULL,
+    dataset TEXT NOT NULL DEFAULT '',
+    device TEXT NOT NULL,
+    state TEXT NOT NULL,
+    source TEXT NOT NULL DEFAULT '',
+    description TEXT NOT NULL DEFAULT '',
+    problems TEXT NOT NULL DEFAULT '[]',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    finished_at REAL
+);
+CREATE INDEX campaigns_state ON campaigns(state);
+CREATE INDEX campaigns_kernel ON campaigns(kernel);
+
+CREATE TABLE experiments (
+    key TEXT PRIMARY KEY,
+    kernel TEXT NOT NULL,
+    kernel_version TEXT NOT NULL,
+    problem TEXT NOT NULL,
+    problem_key TEXT NOT NULL,
+    config TEXT NOT NULL,
+    config_key TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    device TEXT NOT NULL,
+    torch TEXT NOT NULL,
+    triton TEXT NOT NULL,
+    driver TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL
+);
+CREATE INDEX experiments_kernel_problem ON experiments(kernel, problem_key);
+CREATE INDEX experiments_device ON experiments(device);
+
+CREATE TABLE results (
+    experiment_key TEXT PRIMARY KEY REFERENCES experiments(key),
+    status TEXT NOT NULL,
+    median_ms REAL,
+    p20_ms REAL,
+    p80_ms REAL,
+    min_ms REAL,
+    reps INTEGER,
+    rel_spread REAL,
+    l2_flushed INTEGER,
+    timing_method TEXT,
+    max_rel_err REAL,
+    compile_ms REAL,
+    message TEXT NOT NULL DEFAULT '',
+    sm_clock_mhz REAL,
+    power_w REAL,
+    temp_c REAL,
+    extra TEXT NOT NULL DEFAULT '{}',
+    worker TEXT NOT NULL DEFAULT '',
+    measured_at REAL NOT NULL
+);
+CREATE INDEX results_status ON results(status);
+
+CREATE TABLE trials (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    problem_key TEXT NOT NULL,
+    experiment_key TEXT NOT NULL REFERENCES experiments(key),
+    seq INTEGER NOT NULL,
+    proposer TEXT NOT NULL,
+    rationale TEXT NOT NULL DEFAULT '',
+    predicted_ms REAL,
+    hypothesis_id TEXT,
+    reused INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    UNIQUE (campaign_id, experiment_key),
+    UNIQUE (campaign_id, problem_key, seq)
+);
+CREATE INDEX trials_experiment ON trials(experiment_key);
+CREATE INDEX trials_proposer ON trials(proposer);
+
+CREATE TABLE queue (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    problem_key TEXT NOT NULL,
+    problem TEXT NOT NULL,
+    config TEXT NOT NULL,
+    config_key TEXT NOT NULL,
+    proposer TEXT NOT NULL,
+    rationale TEXT NOT NULL DEFAULT '',
+    predicted_ms REAL,
+    hypothesis_id TEXT,
+    priority REAL NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL,
+    worker TEXT NOT NULL DEFAULT '',
+    experiment_key TEXT NOT NULL DEFAULT '',
+    enqueued_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    UNIQUE (campaign_id, problem_key, config_key)
+);
+CREATE INDEX queue_campaign_state ON queue(campaign_id, state, priority DESC, id);
+CREATE INDEX queue_state ON queue(state);
+
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    campaign_id INTEGER REFERENCES campaigns(id),
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL DEFAULT '',
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX events_campaign ON events(campaign_id, id);
+CREATE INDEX events_kind ON events(kind, id);
+
+CREATE TABLE gpu_samples (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    node TEXT NOT NULL,
+    gpu_uuid TEXT NOT NULL,
+    gpu_index INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    util_pct REAL,
+    mem_used_mb REAL,
+    mem_total_mb REAL,
+    sm_clock_mhz REAL,
+    power_w REAL,
+    temp_c REAL,
+    throttle TEXT NOT NULL DEFAULT '',
+    worker TEXT NOT NULL DEFAULT '',
+    running TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX gpu_samples_ts ON gpu_samples(ts);
+CREATE INDEX gpu_samples_uuid_ts ON gpu_samples(gpu_uuid, ts);
+
+CREATE TABLE winners (
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    problem_key TEXT NOT NULL,
+    experiment_key TEXT NOT NULL REFERENCES experiments(key),
+    median_ms REAL NOT NULL,
+    rel_spread REAL,
+    runner_up_key TEXT,
+    runner_up_ms REAL,
+    margin REAL,
+    tie INTEGER NOT NULL DEFAULT 0,
+    recheck_passed INTEGER NOT NULL DEFAULT 0,
+    recheck_err REAL,
+    median_config_ms REAL,
+    baseline_ms REAL,
+    baseline_name TEXT NOT NULL DEFAULT '',
+    decided_at REAL NOT NULL,
+    PRIMARY KEY (campaign_id, problem_key)
+);
+"""
+
+
+def _v0_to_v1(db: sqlite_utils.Database) -> None:
+    db.executescript(_V1)
+
+
+# MIGRATIONS[i] takes the schema from version i to i + 1.
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(db: sqlite_utils.Database) -> int:
+    return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+
+def connect(path: Path, *, readonly: bool) -> sqlite_utils.Database:
+    """A sqlite-utils Database on our own connection: 30 s busy timeout, any thread, FKs on.
+
+    A read-only connection opens `path` through a `mode=ro` URI: it can neither write nor
+    create the file.
+    """
+    if readonly:
+        target, uri = path.resolve().as_uri() + "?mode=ro", True
+    else:
+        target, uri = str(path), False
+    conn = sqlite3.connect(target, timeout=30, check_same_thread=False, uri=uri)
+    db = sqlite_utils.Database(conn, execute_plugins=False)
+    db.execute("PRAGMA foreign_keys=ON")
+    return db
+
+
+def migrate(db: sqlite_utils.Database, origin: str) -> int:
+    """Bring the schema to SCHEMA_VERSION, one transaction per step; returns the version found.
+
+    Raises InputError when the file was written by a newer tilepilot or is another program's
+    database.
+    """
+    found = schema_version(db)
+    if found > SCHEMA_VERSION:
+        raise InputError(f"database {origin!r} has schema version {found}, newer than this tilepilot "
+                         f"knows ({SCHEMA_VERSION}): upgrade tilepilot")
+    if found == 0 and db.table_names():
+        raise InputError(f"{origin!r} is not a tilepilot database (it has tables but no tilepilot schema)")
+    for version in range(found, SCHEMA_VERSION):
+        with db.atomic():
+            MIGRATIONS[version](db)
+            db.execute(f"PRAGMA user_version={version + 1:d}")  # a pragma cannot take a parameter
+        log.info("migrated %s to schema version %d", origin, version + 1)
+    return found
+
+
+def check_readable(db: sqlite_utils.Database, origin: str) -> None:
+    """Raises InputError unless the file holds exactly the schema this code reads."""
+    found = schema_version(db)
+    if found == SCHEMA_VERSION:
+        return
+    if found == 0:
+        raise InputError(f"{origin!r} is not a tilepilot database")
+    if found > SCHEMA_VERSION:
+        raise InputError(f"database {origin!r} has schema version {found}, newer than this tilepilot "
+                         f"knows ({SCHEMA_VERSION}): upgrade tilepilot")
+    raise InputError(f"database {origin!r} has schema version {found}, older than {SCHEMA_VERSION}: "
+                     "run `tilepilot tune --resume` on it once to migrate it")
+
+
+def open_database(path: Path, *, readonly: bool) -> sqlite_utils.Database:
+    """Open (a writer also creates, sets WAL on and migrates) a tilepilot database.
+
+    Raises InputError for a missing file (readers), a missing folder (writers), a file that is
+    not a tilepilot database, or a schema this code cannot use.
+    """
+    origin = str(path)
+    if readonly and not path.is_file():
+        raise InputError(f"no tilepilot database at {origin!r} (run `tilepilot tune` first or pass --db)")
+    if not readonly and not path.parent.is_dir():
+        raise InputError(f"cannot create database {origin!r}: folder {str(path.parent)!r} does not exist")
+    db = connect(path, readonly=readonly)
+    try:
+        if readonly:
+            check_readable(db, origin)
+        else:
+            db.enable_wal()
+            migrate(db, origin)
+    except sqlite3.DatabaseError as e:
+        db.close()
+        if isinstance(e, sqlite3.OperationalError):  # locked, I/O, ...: not the user's input
+            raise
+        raise InputError(f"{origin!r} is not a tilepilot database ({e})") from None
+    except BaseException:
+        db.close()
+        raise
+    return db

@@ -1,0 +1,381 @@
+"""`Store`: the one facade through which tilepilot writes its SQLite database."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import astuple, fields
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from tilepilot.experiments import (
+    Campaign,
+    Candidate,
+    GpuSample,
+    InputError,
+    Result,
+    experiment_key,
+)
+from tilepilot.storage.rows import (
+    RESULT_FIELDS,
+    RESULT_JOIN,
+    CampaignRow,
+    QueueRow,
+    TrialRow,
+    WinnerRow,
+    campaign_from_row,
+    dumps,
+    queue_from_row,
+    result_columns,
+    result_from_row,
+    trial_from_row,
+)
+from tilepilot.storage.schema import CAMPAIGN_STATES, QUEUE_STATES, open_database
+
+log = logging.getLogger(__name__)
+
+_STARTED = ("compiling", "running")
+_ENDED = ("done", "dropped")
+_WINNER_COLUMNS = tuple(f.name for f in fields(WinnerRow))
+
+
+class Store:
+    """The SQLite store of campaigns, experiments, results, trials, the queue, events, GPU
+    samples and winners. One writer per database: the campaign driver.
+
+    Contract:
+    - Opening: `Store(path)` creates the file if needed, turns WAL on and migrates the schema;
+      `Store.open_readonly(path)` opens an existing file through a `mode=ro` URI and never
+      creates, migrates or writes it. Nothing is opened at import time.
+    - Thread safety: every method may be called from any thread; calls are serialised by a
+      re-entrant lock. `transaction()` holds that lock for its whole body, so the calls
+      inside it are atomic together and no other thread's call interleaves.
+    - Atomicity: each write method is one transaction. Inside `with store.transaction():`
+      they all commit together or not at all (an exception rolls everything back, and a
+      kill -9 leaves the state before the block).
+    - Returned records (`CampaignRow`, `TrialRow`, `QueueRow`, `Result`) are frozen
+      snapshots; they never change when the database does.
+    - Values are always bound parameters, never formatted into SQL.
+    - Times are epoch seconds (UTC) everywhere.
+
+    Raises:
+        InputError: a user mistake: the database file cannot be used (missing, not a tilepilot
+            database, newer schema), or a campaign name that already exists.
+        ValueError: a caller's bug: an unknown state, a key that does not match its result,
+            sequences of different lengths.
+        KeyError: a row the caller names does not exist (campaign id, queue id, experiment).
+        PermissionError: a write on a store opened with `open_readonly`.
+        sqlite3.Error: the database itself failed (locked past the 30 s timeout, disk full).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self._open(Path(path), readonly=False)
+
+    @classmethod
+    def open_readonly(cls, path: str | Path) -> Store:
+        store = cls.__new__(cls)
+        store._open(Path(path), readonly=True)
+        return store
+
+    def _open(self, path: Path, *, readonly: bool) -> None:
+        self.path = path
+        self.readonly = readonly
+        self._lock = threading.RLock()
+        self.db: sqlite_utils.Database = open_database(path, readonly=readonly)
+
+    def close(self) -> None:
+        with self._lock:
+            self.db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- transactions and helpers ------------------------------------------------------------
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group several calls into one transaction (nested blocks become savepoints)."""
+        if self.readonly:
+            raise PermissionError(f"store {str(self.path)!r} was opened read-only")
+        with self._lock:
+            conn = self.db.conn
+            if conn.in_transaction:
+                with self.db.atomic():
+                    yield
+                return
+            conn.execute("BEGIN IMMEDIATE")  # take the write lock now: no upgrade deadlock
+            try:
+                yield
+            except BaseException:
+                self.db.rollback()
+                raise
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                self.db.rollback()
+                raise
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self.db.query(sql, list(params)))
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+        rows = self._rows(sql, params)
+        return rows[0] if rows else None
+
+    def _insert(self, table: str, record: Mapping[str, Any], suffix: str = "") -> sqlite3.Cursor:
+        # Table and column names come from this module, never from input; values are bound.
+        cols = ", ".join(record)
+        marks = ", ".join("?" * len(record))
+        return self.db.execute(f"INSERT INTO {table} ({cols}) VALUES ({marks}) {suffix}",
+                               list(record.values()))
+
+    # -- campaigns -----------------------------------------------------------------------------
+
+    def create_campaign(self, c: Campaign, *, backend: str, dataset: str, device: str) -> int:
+        """Insert a campaign in state 'running'; returns its id.
+
+        Raises InputError when a campaign of that name exists.
+        """
+        now = time.time()
+        with self.transaction():
+            if self._one("SELECT id FROM campaigns WHERE name = ?", [c.name]):
+                raise InputError(
+                    f"campaign {c.name!r} already exists in {self.path} "
+                    "(use --resume to continue it, or another name)")
+            cur = self._insert("campaigns", {
+                "name": c.name, "kernel": c.kernel, "proposer": c.proposer, "budget": c.budget,
+                "seed": c.seed, "backend": backend, "dataset": dataset, "device": device,
+                "state": "running", "source": c.source, "description": c.description,
+                "problems": dumps([p.as_dict() for p in c.problems]),
+                "created_at": now, "updated_at": now, "finished_at": None,
+            })
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def get_campaign(self, name: str) -> CampaignRow | None:
+        row = self._one("SELECT * FROM campaigns WHERE name = ?", [name])
+        return campaign_from_row(row) if row else None
+
+    def set_campaign_state(self, campaign_id: int, state: str) -> None:
+        """Set the state; a terminal state stamps finished_at, 'running' clears it."""
+        _check(state, CAMPAIGN_STATES, "campaign state")
+        now = time.time()
+        with self.transaction():
+            cur = self.db.execute(
+                "UPDATE campaigns SET state = ?, updated_at = ?, finished_at = ? WHERE id = ?",
+                [state, now, None if state == "running" else now, campaign_id])
+            if cur.rowcount == 0:
+                raise KeyError(f"no campaign with id {campaign_id}")
+
+    def _touch(self, campaign_id: int, now: float) -> None:
+        self.db.execute("UPDATE campaigns SET updated_at = ? WHERE id = ?", [now, campaign_id])
+
+    # -- experiments and results ---------------------------------------------------------------
+
+    def record_result(self, result: Result, *, key: str, kernel: str, kernel_version: str,
+                      worker: str = "") -> None:
+        """Upsert the experiment and its result (a later measurement replaces the earlier one).
+
+        Raises ValueError when `key` is not `experiment_key(kernel, kernel_version, ...)` of
+        this result.
+        """
+        expected = experiment_key(kernel, kernel_version, result.problem, result.config, result.env)
+        if key != expected:
+            raise ValueError(f"experiment key {key!r} does not match its result (expected {expected!r})")
+        now, env = time.time(), result.env
+        with self.transaction():
+            self._insert("experiments", {
+                "key": key, "kernel": kernel, "kernel_version": kernel_version,
+                "problem": dumps(result.problem.as_dict()), "problem_key": result.problem.key(),
+                "config": dumps(result.config.as_dict()), "config_key": result.config.key(),
+                "backend": env.backend, "device": env.device, "torch": env.torch,
+                "triton": env.triton, "driver": env.driver, "created_at": now,
+            }, "ON CONFLICT(key) DO UPDATE SET driver = excluded.driver")
+            record = {"experiment_key": key, **result_columns(result), "worker": worker,
+                      "measured_at": now}
+            updates = ", ".join(f"{c} = excluded.{c}" for c in record if c != "experiment_key")
+            self._insert("results", record, f"ON CONFLICT(experiment_key) DO UPDATE SET {updates}")
+
+    def lookup_result(self, key: str) -> Result | None:
+        row = self._one(f"SELECT {RESULT_FIELDS} FROM {RESULT_JOIN} WHERE r.experiment_key = ?", [key])
+        return result_from_row(row) if row else None
+
+    # -- trials --------------------------------------------------------------------------------
+
+    def add_trial(self, campaign_id: int, key: str, candidate: Candidate, *, reused: bool) -> int:
+        """Record that the campaign tried experiment `key`; returns the trial id.
+
+        Idempotent: a second call with the same campaign and key returns the first trial's
+        id and changes nothing. `seq` counts the trials of the campaign for this problem.
+        Raises KeyError when the experiment is not recorded, ValueError when it is of
+        another problem than the candidate.
+        """
+        problem_key = candidate.problem.key()
+        now = time.time()
+        with self.transaction():
+            found = self._one("SELECT id FROM trials WHERE campaign_id = ? AND experiment_key = ?",
+                              [campaign_id, key])
+            if found:
+                return int(found["id"])
+            exp = self._one("SELECT problem_key FROM experiments WHERE key = ?", [key])
+            if exp is None:
+                raise KeyError(f"no experiment {key!r}: record its result first")
+            if exp["problem_key"] != problem_key:
+                raise ValueError(f"experiment {key!r} is of problem {exp['problem_key']}, "
+                                 f"not the candidate's {problem_key}")
+            seq = self._one("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM trials "
+                            "WHERE campaign_id = ? AND problem_key = ?", [campaign_id, problem_key])
+            assert seq is not None
+            cur = self._insert("trials", {
+                "campaign_id": campaign_id, "problem_key": problem_key, "experiment_key": key,
+                "seq": seq["seq"], "proposer": candidate.proposer, "rationale": candidate.rationale,
+                "predicted_ms": candidate.predicted_ms, "hypothesis_id": candidate.hypothesis_id,
+                "reused": int(reused), "created_at": now,
+            })
+            self._touch(campaign_id, now)
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def campaign_results(self, campaign_id: int) -> list[tuple[TrialRow, Result]]:
+        """Every trial of the campaign with its result, in trial order."""
+        rows = self._rows(
+            f"SELECT t.*, {RESULT_FIELDS} FROM trials t "
+            "JOIN results r ON r.experiment_key = t.experiment_key "
+            "JOIN experiments e ON e.key = t.experiment_key "
+            "WHERE t.campaign_id = ? ORDER BY t.id", [campaign_id])
+        return [(trial_from_row(r), result_from_row(r)) for r in rows]
+
+    # -- queue ---------------------------------------------------------------------------------
+
+    def enqueue(self, campaign_id: int, candidates: Sequence[Candidate], *,
+                priorities: Sequence[float], reasons: Sequence[str]) -> list[int]:
+        """Queue candidates in state 'queued'; returns the ids of the rows inserted.
+
+        A candidate whose (problem, config) the campaign has queued before, in any state, is
+        skipped.
+        """
+        if not len(candidates) == len(priorities) == len(reasons):
+            raise ValueError(f"{len(candidates)} candidates, {len(priorities)} priorities and "
+                             f"{len(reasons)} reasons: one of each per candidate")
+        now = time.time()
+        ids: list[int] = []
+        with self.transaction():
+            for c, priority, reason in zip(candidates, priorities, reasons, strict=True):
+                cur = self._insert("queue", {
+                    "campaign_id": campaign_id, "problem_key": c.problem.key(),
+                    "problem": dumps(c.problem.as_dict()), "config": dumps(c.config.as_dict()),
+                    "config_key": c.config.key(), "proposer": c.proposer, "rationale": c.rationale,
+                    "predicted_ms": c.predicted_ms, "hypothesis_id": c.hypothesis_id,
+                    "priority": float(priority), "reason": reason, "state": "queued",
+                    "enqueued_at": now,
+                }, "ON CONFLICT(campaign_id, problem_key, config_key) DO NOTHING")
+                if cur.rowcount == 1 and cur.lastrowid is not None:
+                    ids.append(cur.lastrowid)
+        return ids
+
+    def queued(self, campaign_id: int, *, states: Sequence[str] = ("queued",),
+               limit: int | None = None) -> list[QueueRow]:
+        """Queue rows of the campaign in these states, highest priority first, then oldest."""
+        for s in states:
+            _check(s, QUEUE_STATES, "queue state")
+        marks = ", ".join("?" * len(states))
+        rows = self._rows(
+            f"SELECT * FROM queue WHERE campaign_id = ? AND state IN ({marks}) "
+            "ORDER BY priority DESC, id ASC LIMIT ?",
+            [campaign_id, *states, -1 if limit is None else limit])
+        return [queue_from_row(r) for r in rows]
+
+    def set_queue_state(self, queue_id: int, state: str, *, worker: str = "",
+                        experiment_key: str = "") -> None:
+        """Move a queue row to `state`; a non-empty worker or experiment_key is stored too.
+
+        'compiling'/'running' stamp started_at (once), 'done'/'dropped' stamp finished_at,
+        'queued' clears both and the worker.
+        """
+        _check(state, QUEUE_STATES, "queue state")
+        now = time.time()
+        with self.transaction():
+            row = self._one("SELECT worker, experiment_key, started_at, finished_at FROM queue "
+                            "WHERE id = ?", [queue_id])
+            if row is None:
+                raise KeyError(f"no queue row with id {queue_id}")
+            started, finished, old_worker = row["started_at"], row["finished_at"], row["worker"]
+            if state in _STARTED:
+                started = started or now
+            elif state in _ENDED:
+                finished = now
+            else:
+                started, finished, old_worker = None, None, ""
+            self.db.execute(
+                "UPDATE queue SET state = ?, worker = ?, experiment_key = ?, started_at = ?, "
+                "finished_at = ? WHERE id = ?",
+                [state, worker or old_worker, experiment_key or row["experiment_key"], started,
+                 finished, queue_id])
+
+    def reprioritise(self, updates: Sequence[tuple[int, float, str]]) -> None:
+        """Set (queue_id, priority, reason) for each row; raises KeyError if an id is unknown."""
+        with self.transaction():
+            for queue_id, priority, reason in updates:
+                cur = self.db.execute("UPDATE queue SET priority = ?, reason = ? WHERE id = ?",
+                                      [float(priority), reason, queue_id])
+                if cur.rowcount == 0:
+                    raise KeyError(f"no queue row with id {queue_id}")
+
+    def requeue_unfinished(self, campaign_id: int) -> int:
+        """Put 'compiling'/'running' rows back to 'queued' (resume after a kill); returns the count."""
+        with self.transaction():
+            cur = self.db.execute(
+                "UPDATE queue SET state = 'queued', worker = '', started_at = NULL "
+                "WHERE campaign_id = ? AND state IN (?, ?)", [campaign_id, *_STARTED])
+        return cur.rowcount
+
+    # -- events, GPU samples, winners ----------------------------------------------------------
+
+    def log_event(self, kind: str, message: str, *, campaign_id: int | None = None,
+                  data: Mapping[str, Any] | None = None) -> None:
+        with self.transaction():
+            self._insert("events", {"ts": time.time(), "campaign_id": campaign_id, "kind": kind,
+                                    "message": message, "data": dumps(dict(data or {}))})
+
+    def add_gpu_samples(self, samples: Sequence[GpuSample]) -> None:
+        with self.transaction():
+            self.db.conn.executemany(
+                "INSERT INTO gpu_samples (ts, node, gpu_uuid, gpu_index, name, util_pct, mem_used_mb, "
+                "mem_total_mb, sm_clock_mhz, power_w, temp_c, throttle, worker, running) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(s.ts, s.node, s.uuid, s.index, s.name, s.util_pct, s.mem_used_mb, s.mem_total_mb,
+                  s.sm_clock_mhz, s.power_w, s.temp_c, s.throttle, s.worker, s.running)
+                 for s in samples])
+
+    def prune_gpu_samples(self, older_than_s: float, *, now: float | None = None) -> int:
+        """Delete samples older than `older_than_s` seconds; returns how many were deleted."""
+        cutoff = (time.time() if now is None else now) - older_than_s
+        with self.transaction():
+            cur = self.db.execute("DELETE FROM gpu_samples WHERE ts < ?", [cutoff])
+        return cur.rowcount
+
+    def set_winner(self, row: WinnerRow) -> None:
+        """Upsert the winner of (campaign, problem); decided_at defaults to now."""
+        values = list(astuple(row))
+        values[_WINNER_COLUMNS.index("decided_at")] = row.decided_at or time.time()
+        record = dict(zip(_WINNER_COLUMNS, values, strict=True))
+        for flag in ("tie", "recheck_passed"):
+            record[flag] = int(record[flag])
+        updates = ", ".join(f"{c} = excluded.{c}" for c in _WINNER_COLUMNS[2:])
+        with self.transaction():
+            self._insert("winners", record, f"ON CONFLICT(campaign_id, problem_key) DO UPDATE SET {updates}")
+
+
+def _check(value: str, allowed: Sequence[str], what: str) -> None:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r} (allowed: {', '.join(allowed)})")
