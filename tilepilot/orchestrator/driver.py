@@ -304,7 +304,7 @@ class Driver:
             recheck_err=None if verdict is None else verdict.max_rel_err,
             median_config_ms=statistics.median(r.median_ms or 0.0 for r in ok),
             baseline_ms=base[1].median_ms if base else None,
-            baseline_name=base[0] if base else None,
+            baseline_name=base[0] if base else "",
             decided_at=None,
         )
         self.store.set_winner(row)

@@ -3,6 +3,8 @@
 A dataset is JSON Lines, one object per measured (problem, config):
 `{"kernel", "problem", "config", "status", "median_ms", "device", "torch", "triton",
 "recorded_at", ...}` (extra keys allowed; `median_ms` null unless `status` is ok).
+A line with a `"baseline"` key instead of a `"config"` is the vendor library's timing of
+the problem (e.g. `"baseline": "cuBLAS (torch.matmul)"`), measured in the same run.
 The searchable space of a problem is exactly the configs recorded for it, and a proposer
 sees a recorded timing only through an evaluation that counts against its budget.
 """
@@ -53,10 +55,12 @@ class Record:
 class ReplayDataset:
     """The records of one kernel family, indexed by problem and config."""
 
-    def __init__(self, path: Path, kernel: str, records: Sequence[Record], identity: str) -> None:
+    def __init__(self, path: Path, kernel: str, records: Sequence[Record], identity: str,
+                 baselines: Mapping[Problem, tuple[str, Timing]] | None = None) -> None:
         self.path = path
         self.kernel = kernel
         self.identity = identity  # replaces the kernel version in experiment keys
+        self._baselines = dict(baselines or {})
         self._by_problem: dict[Problem, dict[Config, Record]] = {}
         for r in records:
             self._by_problem.setdefault(r.problem, {})[r.config] = r
@@ -80,6 +84,9 @@ class ReplayDataset:
 
     def space(self, family: KernelFamily, problem: Problem) -> SearchSpace:
         return family.space().restricted(list(self.records(problem)))
+
+    def baseline(self, problem: Problem) -> tuple[str, Timing] | None:
+        return self._baselines.get(problem)
 
     def optimum_ms(self, problem: Problem) -> float | None:
         times = [r.median_ms for r in self.records(problem).values() if r.median_ms is not None]
@@ -126,6 +133,7 @@ def load_dataset(path: str | Path, family: KernelFamily) -> ReplayDataset:
     except OSError as e:
         raise DatasetError(f"dataset {str(p)!r} cannot be read: {e}") from None
     records: list[Record] = []
+    baselines: dict[Problem, tuple[str, Timing]] = {}
     space = family.space()
     for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), start=1):
         if not line.strip():
@@ -138,11 +146,28 @@ def load_dataset(path: str | Path, family: KernelFamily) -> ReplayDataset:
             raise DatasetError(f"{p.name}:{n}: expected a JSON object")
         if obj.get("kernel") != family.name:
             continue  # a dataset may hold several families; take this one's lines
+        if "baseline" in obj:
+            problem, timing = _baseline(obj, family, f"{p.name}:{n}")
+            baselines[problem] = (str(obj["baseline"]), timing)
+            continue
         records.append(_record(obj, family, space, f"{p.name}:{n}"))
     if not records:
         raise DatasetError(f"dataset {p.name} has no records for kernel {family.name!r}")
     identity = "replay:" + hashlib.sha256(raw).hexdigest()[:16]
-    return ReplayDataset(p, family.name, records, identity)
+    return ReplayDataset(p, family.name, records, identity, baselines)
+
+
+def _baseline(obj: Mapping[str, Any], family: KernelFamily, where: str) -> tuple[Problem, Timing]:
+    try:
+        problem = family.parse_problem(obj.get("problem", {}))
+    except InputError as e:
+        raise DatasetError(f"{where}: {e}") from None
+    median = _number(obj.get("median_ms"), where, "median_ms")
+    if median is None:
+        raise DatasetError(f"{where}: a baseline line needs median_ms")
+    p20 = _number(obj.get("p20_ms"), where, "p20_ms") or median
+    p80 = _number(obj.get("p80_ms"), where, "p80_ms") or median
+    return problem, Timing(median, p20, p80, p20, int(obj.get("reps") or 0), True, "replay")
 
 
 def _record(obj: Mapping[str, Any], family: KernelFamily, space: SearchSpace, where: str) -> Record:

@@ -1,0 +1,129 @@
+"""The campaign loop on the replay backend: budgets, winners, resume, reuse."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from tests.replay_fixture import GRID, PROBLEMS, write_campaign, write_dataset
+from tilepilot.experiments import InputError
+from tilepilot.orchestrator.tune import TuneOptions, tune
+from tilepilot.storage.store import Store
+
+GRID_SIZE = 32
+
+
+@pytest.fixture()
+def dataset(tmp_path):
+    return write_dataset(tmp_path / "matmul-synthetic.jsonl")
+
+
+def _opts(tmp_path, dataset, campaign, **kw):
+    return TuneOptions(campaign=campaign, backend="replay", dataset=dataset, db=tmp_path / "t.db", **kw)
+
+
+def _trials(db):
+    con = sqlite3.connect(db)
+    try:
+        return con.execute("SELECT campaign_id, problem_key, experiment_key, reused FROM trials").fetchall()
+    finally:
+        con.close()
+
+
+@pytest.mark.parametrize("proposer", ["random", "grid", "optuna"])
+def test_replay_campaign_spends_budget_and_declares_winners(tmp_path, dataset, proposer):
+    campaign = write_campaign(tmp_path / "c.toml", proposer=proposer, budget=6)
+    out = tune(_opts(tmp_path, dataset, campaign))
+    assert len(out.winners) == len(PROBLEMS)
+    rows = _trials(tmp_path / "t.db")
+    assert len({r[2] for r in rows}) == len(rows)  # every experiment once
+    store = Store(tmp_path / "t.db")
+    try:
+        results = store.campaign_results(out.campaign_id)
+    finally:
+        store.close()
+    for problem in PROBLEMS:
+        mine = [r for _, r in results if dict(r.problem) == problem]
+        assert sum(r.status.counts_against_budget for r in mine) == 6
+        assert all(r.env.backend == "replay" for r in mine)
+    for w in out.winners:
+        ok = [r.median_ms for _, r in results if r.problem.key() == w.problem_key and r.median_ms]
+        assert w.median_ms == min(ok)
+
+
+def test_budget_larger_than_space_ends_when_space_is_exhausted(tmp_path, dataset):
+    campaign = write_campaign(tmp_path / "c.toml", proposer="grid", budget=1000)
+    tune(_opts(tmp_path, dataset, campaign))
+    assert len(_trials(tmp_path / "t.db")) == GRID_SIZE * len(PROBLEMS)
+
+
+def test_interrupted_campaign_resumes_without_measuring_twice(tmp_path, dataset):
+    campaign = write_campaign(tmp_path / "c.toml", proposer="optuna", budget=10)
+    seen = []
+
+    def stop_after_five(p):
+        seen.append(p.done)
+        if p.done >= 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tune(_opts(tmp_path, dataset, campaign), on_progress=stop_after_five)
+    before = _trials(tmp_path / "t.db")
+    assert 5 <= len(before) < 20
+    store = Store(tmp_path / "t.db")
+    assert store.get_campaign("t").state == "interrupted"
+    store.close()
+    with pytest.raises(InputError, match="already exists"):
+        tune(_opts(tmp_path, dataset, campaign))
+    tune(_opts(tmp_path, dataset, campaign, resume=True))
+    after = _trials(tmp_path / "t.db")
+    assert set(before) <= set(after)
+    assert len({r[2] for r in after}) == len(after)
+    counted = {}
+    store = Store(tmp_path / "t.db")
+    for _, r in store.campaign_results(1):
+        counted[r.problem.key()] = counted.get(r.problem.key(), 0) + r.status.counts_against_budget
+    assert store.get_campaign("t").state == "finished"
+    store.close()
+    assert all(v == 10 for v in counted.values())
+
+
+def test_second_campaign_reuses_experiments_from_the_store(tmp_path, dataset):
+    tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "a.toml", name="a", proposer="grid", budget=8)))
+    tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "b.toml", name="b", proposer="grid", budget=8)))
+    rows = _trials(tmp_path / "t.db")
+    second = [r for r in rows if r[0] == 2]
+    assert second and all(r[3] == 1 for r in second)  # reused, not re-measured
+    con = sqlite3.connect(tmp_path / "t.db")
+    assert con.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == len([r for r in rows if r[0] == 1])
+    con.close()
+
+
+def test_space_table_narrows_and_configs_go_first(tmp_path, dataset):
+    extra = ('\n[space]\nnum_warps = [4]\n\n[[configs]]\nBLOCK_SIZE_M = 64\nBLOCK_SIZE_N = 64\nBLOCK_SIZE_K = 32\n'
+             "GROUP_SIZE_M = 8\nnum_warps = 8\nnum_stages = 3\n")
+    out = tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "c.toml", proposer="random", budget=5,
+                                                      extra=extra)))
+    store = Store(tmp_path / "t.db")
+    results = store.campaign_results(out.campaign_id)
+    store.close()
+    for problem in PROBLEMS:
+        trials = [(t, r) for t, r in results if dict(r.problem) == problem]
+        first = min(trials, key=lambda tr: tr[0].seq)
+        assert first[0].proposer == "campaign" and first[1].config["num_warps"] == 8
+        assert all(r.config["num_warps"] == 4 for t, r in trials if t.proposer != "campaign")
+
+
+def test_unrecorded_problem_is_one_line_error(tmp_path, dataset):
+    extra = '\n[[problems]]\nM = 7\nN = 7\nK = 7\ndtype = "fp16"\n'
+    with pytest.raises(InputError, match="is not in the dataset"):
+        tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "c.toml", extra=extra)))
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_grid_fixture_matches_declared_size():
+    n = 1
+    for v in GRID.values():
+        n *= len(v)
+    assert n == GRID_SIZE
