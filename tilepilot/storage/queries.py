@@ -219,7 +219,7 @@ def _best_of(trials: list[dict[str, Any]], winner: dict[str, Any] | None) -> Bes
         rel_spread=w.get("rel_spread", pick["rel_spread"]), proposer=pick["proposer"],
         decided=winner is not None, tie=bool(w.get("tie", 0)), margin=w.get("margin"),
         runner_up_ms=w.get("runner_up_ms"),
-        recheck_passed=bool(w["recheck_passed"]) if winner else None,
+        recheck_passed=None if w.get("recheck_passed") is None else bool(w["recheck_passed"]),
         median_config_ms=median_cfg, speedup_vs_median=_ratio(median_cfg, median_ms),
         baseline_name=w.get("baseline_name", ""), baseline_ms=baseline_ms,
         speedup_vs_baseline=_ratio(baseline_ms, median_ms), ok=len(ok), trials=len(trials),

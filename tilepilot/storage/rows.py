@@ -114,7 +114,7 @@ class WinnerRow:
     runner_up_ms: float | None = None
     margin: float | None = None  # runner_up_ms / median_ms - 1
     tie: bool = False  # the margin is within the measured noise
-    recheck_passed: bool = False  # correct again on fresh inputs
+    recheck_passed: bool | None = None  # correct again on fresh inputs; None: not re-checked
     recheck_err: float | None = None  # max relative error of that re-check
     median_config_ms: float | None = None  # median over the campaign's ok configs of the problem
     baseline_ms: float | None = None
@@ -144,11 +144,8 @@ def queue_from_row(r: Row) -> QueueRow:
         r["experiment_key"], r["enqueued_at"], r["started_at"], r["finished_at"])
 
 
-def winner_from_row(r: Row) -> WinnerRow:
-    return WinnerRow(
-        r["campaign_id"], r["problem_key"], r["experiment_key"], r["median_ms"], r["rel_spread"],
-        r["runner_up_key"], r["runner_up_ms"], r["margin"], bool(r["tie"]), bool(r["recheck_passed"]),
-        r["recheck_err"], r["median_config_ms"], r["baseline_ms"], r["baseline_name"], r["decided_at"])
+def _flag(value: int | None) -> bool | None:
+    return None if value is None else bool(value)
 
 
 # The experiments and results columns (aliases e, r) that rebuild a Result.

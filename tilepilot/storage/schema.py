@@ -174,7 +174,7 @@ CREATE TABLE winners (
     runner_up_ms REAL,
     margin REAL,
     tie INTEGER NOT NULL DEFAULT 0,
-    recheck_passed INTEGER NOT NULL DEFAULT 0,
+    recheck_passed INTEGER,
     recheck_err REAL,
     median_config_ms REAL,
     baseline_ms REAL,

@@ -369,8 +369,8 @@ class Store:
         values = list(astuple(row))
         values[_WINNER_COLUMNS.index("decided_at")] = row.decided_at or time.time()
         record = dict(zip(_WINNER_COLUMNS, values, strict=True))
-        for flag in ("tie", "recheck_passed"):
-            record[flag] = int(record[flag])
+        record["tie"] = int(row.tie)
+        record["recheck_passed"] = None if row.recheck_passed is None else int(row.recheck_passed)
         updates = ", ".join(f"{c} = excluded.{c}" for c in _WINNER_COLUMNS[2:])
         with self.transaction():
             self._insert("winners", record, f"ON CONFLICT(campaign_id, problem_key) DO UPDATE SET {updates}")

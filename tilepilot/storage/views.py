@@ -63,7 +63,7 @@ class BestRow:
     tie: bool
     margin: float | None  # runner-up over winner, minus 1 (decided rows only)
     runner_up_ms: float | None
-    recheck_passed: bool | None  # None when not decided
+    recheck_passed: bool | None  # None when not decided or not re-checked
     median_config_ms: float | None  # median over the ok configs of the problem
     speedup_vs_median: float | None  # median_config_ms / median_ms
     baseline_name: str
