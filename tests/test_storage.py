@@ -414,6 +414,26 @@ def test_reopening_a_store_keeps_its_rows(db_path):
         assert s.get_campaign("mm-1").id == cid
 
 
+def test_simultaneous_first_opens_migrate_the_file_once(db_path):
+    barrier, errors = threading.Barrier(6), []
+
+    def open_store() -> None:
+        barrier.wait()
+        try:
+            Store(db_path).close()
+        except Exception as e:  # collected for the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=open_store) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with Store(db_path) as s:
+        assert s.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
 def test_store_in_a_missing_folder_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         Store(tmp_path / "no" / "such" / "t.db")

@@ -215,22 +215,37 @@ def connect(path: Path, *, readonly: bool) -> sqlite_utils.Database:
 
 
 def migrate(db: sqlite_utils.Database, origin: str) -> int:
-    """Bring the schema to SCHEMA_VERSION, one transaction per step; returns the version found.
+    """Bring the schema to SCHEMA_VERSION in one write transaction; returns the version found.
 
-    Raises InputError when the file was written by a newer tilepilot or is another program's
-    database.
+    The version is read again under the write lock, so two processes opening a new file at
+    once migrate it once. Raises InputError when the file was written by a newer tilepilot
+    or is another program's database.
     """
+    found = _usable_version(db, origin)
+    if found == SCHEMA_VERSION:
+        return found
+    conn = db.conn
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = _usable_version(db, origin)
+        for version in range(current, SCHEMA_VERSION):
+            MIGRATIONS[version](db)
+            db.execute(f"PRAGMA user_version={version + 1:d}")  # a pragma cannot take a parameter
+            log.info("migrated %s to schema version %d", origin, version + 1)
+        conn.execute("COMMIT")
+    except BaseException:
+        db.rollback()
+        raise
+    return found
+
+
+def _usable_version(db: sqlite_utils.Database, origin: str) -> int:
     found = schema_version(db)
     if found > SCHEMA_VERSION:
         raise InputError(f"database {origin!r} has schema version {found}, newer than this tilepilot "
                          f"knows ({SCHEMA_VERSION}): upgrade tilepilot")
     if found == 0 and db.table_names():
         raise InputError(f"{origin!r} is not a tilepilot database (it has tables but no tilepilot schema)")
-    for version in range(found, SCHEMA_VERSION):
-        with db.atomic():
-            MIGRATIONS[version](db)
-            db.execute(f"PRAGMA user_version={version + 1:d}")  # a pragma cannot take a parameter
-        log.info("migrated %s to schema version %d", origin, version + 1)
     return found
 
 
