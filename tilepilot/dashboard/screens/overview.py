@@ -1,0 +1,116 @@
+"""Overview: every campaign with its progress, and one campaign's progress and convergence per problem."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from tilepilot.dashboard import charts, data, live
+from tilepilot.dashboard.text import ago, md_escape, ms, params, source
+from tilepilot.storage.views import BestRow, CampaignSummary
+
+MAX_CHARTS = 8
+
+
+def campaigns_table(summaries: list[CampaignSummary]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "id": c.id, "campaign": c.name, "state": c.state, "kernel": c.kernel,
+        "proposer": c.proposer, "problems": len(c.problems),
+        "progress": f"{_spent(c)}/{c.budget * len(c.problems)}",
+        "ok": c.ok, "failed": c.failed, "queued": c.queued, "running": c.running,
+        "source": source(c.backend, c.device), "updated": ago(c.updated_at),
+    } for c in summaries])
+
+
+def _spent(c: CampaignSummary) -> int:
+    return sum(min(p.counted, c.budget) for p in c.problems)
+
+
+def problems_table(c: CampaignSummary, best: list[BestRow]) -> pd.DataFrame:
+    by_problem = {b.problem_key: b for b in best}
+    rows = []
+    for p in c.problems:
+        b = by_problem.get(p.problem_key)
+        rows.append({
+            "problem": params(p.problem),
+            "trials done / budget": f"{p.counted}/{c.budget}",
+            "ok": p.ok, "failed": p.failed, "reused": p.reused,
+            "best so far (ms)": b.median_ms if b else p.best_ms,
+            "best config": params(b.config) if b else "",
+            "winner": ("tie" if b.tie else "decided") if b and b.decided else "",
+            "× vs median config": b.speedup_vs_median if b else None,
+            "proposer of best": b.proposer if b else "",
+        })
+    return pd.DataFrame(rows)
+
+
+def campaign_detail(c: CampaignSummary) -> None:
+    path = live.db()
+    st.subheader(f"{md_escape(c.name)} · {md_escape(c.state)}")
+    st.caption(f"kernel {md_escape(c.kernel)} · proposer {md_escape(c.proposer)} · "
+               f"budget {c.budget} per problem · numbers: {md_escape(source(c.backend, c.device))}")
+    if c.description:
+        st.text(c.description)
+    cols = st.columns(5)
+    cols[0].metric("Trials (done / budget)", f"{_spent(c)}/{c.budget * len(c.problems)}")
+    cols[1].metric("OK", c.ok)
+    cols[2].metric("Failed", c.failed)
+    cols[3].metric("Queued", c.queued)
+    cols[4].metric("Running", c.running)
+    st.progress(min(1.0, c.progress), text=f"{c.progress:.0%} of the budget spent")
+    best = data.best(path, c.id)
+    st.dataframe(problems_table(c, best), hide_index=True, width="stretch",
+                 column_config={"best so far (ms)": st.column_config.NumberColumn(format="%.4g"),
+                                "× vs median config": st.column_config.NumberColumn(format="%.2f")})
+    convergence(c)
+
+
+def convergence(c: CampaignSummary) -> None:
+    points = data.convergence(live.db(), c.id)
+    if not points:
+        st.info("No trial has finished yet: the convergence charts appear with the first result.")
+        return
+    per_problem: dict[str, list] = {}
+    for p in points:
+        per_problem.setdefault(p.problem_key, []).append(p)
+    st.markdown(f"**Best so far vs trials** ({md_escape(source(c.backend, c.device))})")
+    keys = list(per_problem)
+    if len(keys) > MAX_CHARTS:
+        labels = {k: params(per_problem[k][0].problem) for k in keys}
+        keys = st.multiselect("Problems to chart", keys, default=keys[:MAX_CHARTS],
+                              format_func=labels.__getitem__, key=f"chart_problems_{c.id}")
+    y_title = "median ms" if c.backend != "interpret" else "median ms (CPU)"
+    cols = st.columns(2)
+    for i, key in enumerate(keys):
+        pts = per_problem[key]
+        best = pts[-1].best_so_far_ms
+        title = f"{params(pts[0].problem)} · best {ms(best)}"
+        cols[i % 2].altair_chart(charts.convergence_chart(pts, title, y_title), width="stretch")
+
+
+def body(selected: int | None) -> None:
+    summaries = data.campaigns(live.db())
+    if not summaries:
+        st.info("No campaign in this database yet. Start one with `tilepilot tune CAMPAIGN.toml`.")
+        return
+    st.dataframe(campaigns_table(summaries), hide_index=True, width="stretch")
+    chosen = next((c for c in summaries if c.id == selected), summaries[0])
+    campaign_detail(chosen)
+
+
+def main() -> None:
+    st.title("Overview")
+    summaries = data.campaigns(live.db())
+    selected = None
+    if len(summaries) > 1:
+        running = [c for c in summaries if c.state == "running"]
+        default = (running or summaries)[0]
+        names = {c.id: f"{c.name} ({c.state})" for c in summaries}
+        selected = st.selectbox("Campaign", list(names), index=list(names).index(default.id),
+                                format_func=names.__getitem__, key="overview_campaign")
+    elif summaries:
+        selected = summaries[0].id
+    live.live(lambda: body(selected))
+
+
+main()
