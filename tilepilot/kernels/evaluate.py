@@ -1,0 +1,451 @@
+"""The steps a worker runs: `compile_config` (CPU process, no CUDA context) and `Evaluator`
+(the worker's child process, which owns the CUDA context): verify, then time, several configs
+of one problem at a time.
+
+`Evaluator.evaluate` gives one Result per config, in order. For each config: `on_start(i)`;
+the space's constraints (`invalid`); compile (GPU: ahead of time, normally a hit in the
+on-disk cache; `compile_error`); shared memory against the device limit, or Triton's
+OutOfResources at load (`out_of_resources`); verification on every input set of the problem
+(inputs and reference made once per problem and cached; the output poisoned with NaN before
+each launch; ||out - ref|| / ||ref|| against the family's tolerance, NaN never passes:
+`wrong_result`). Then the verified configs are timed together, interleaved (see timing.py),
+and NVML is read once right after (SM clock, power, temperature).
+
+A sticky CUDA error raises StickyCudaError(index, message): the caller records `crashed` for
+that config and replaces the process. torch.cuda.OutOfMemoryError is `oom` (memory freed, the
+batch goes on). Any other exception is a bug and raises.
+
+Under the interpreter (backend "interpret": TRITON_INTERPRET=1 is set before any kernel module
+is imported; fp16 only, bf16 is refused) kernels launch through the JIT on the CPU and are
+timed with perf_counter: CPU timings, method "cpu-wallclock".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilepilot.experiments import (
+    BackendUnavailable,
+    Config,
+    Environment,
+    InputError,
+    Problem,
+    Result,
+    Status,
+    Telemetry,
+    Timing,
+)
+from tilepilot.kernels import failures, telemetry
+from tilepilot.kernels.base import KernelFamily, Target
+from tilepilot.kernels.registry import get_family
+from tilepilot.kernels.timing import GpuTimer, TimingPlan, time_cpu
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("gpu", "interpret")
+INTERPRETER_DEVICE = "cpu (Triton interpreter)"
+INTERPRETER_DTYPES = ("fp16", "fp32")
+MAX_CACHED_PROBLEMS = 4
+RECHECK_SEED_OFFSET = 1_000_003
+CPU_ROUNDS = 3
+
+OnStart = Callable[[int], None]
+
+
+def _noop(i: int) -> None:
+    return None
+
+
+class StickyCudaError(Exception):
+    """Config `index` left the CUDA context unusable; the process must exit."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(f"config {index} left the CUDA context unusable: {message}")
+        self.index = index
+        self.message = message
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    status: Status  # OK | COMPILE_ERROR | OUT_OF_RESOURCES
+    message: str
+    compile_ms: float
+    shared_bytes: int | None
+
+
+@dataclass(frozen=True)
+class Check:
+    passed: bool
+    max_rel_err: float
+    message: str
+
+
+def compile_config(kernel: str, problem: Problem, config: Config, target: Target) -> CompileOutcome:
+    """Compile one config into the on-disk Triton cache, in a process with no CUDA context.
+
+    Predicts OUT_OF_RESOURCES from the kernel's shared memory against `target.max_shared_bytes`.
+    Raises BackendUnavailable when this process cannot compile for the target at all.
+    """
+    if _interpreting():
+        raise BackendUnavailable("compile_config needs a process without TRITON_INTERPRET=1")
+    family = get_family(kernel)
+    compiled, ms, error = _compile(family, problem, config, target)
+    if compiled is None:
+        return CompileOutcome(Status.COMPILE_ERROR, error, ms, None)
+    shared = int(compiled.metadata.shared)
+    if shared > target.max_shared_bytes:
+        return CompileOutcome(Status.OUT_OF_RESOURCES, _shared_message(shared, target), ms, shared)
+    return CompileOutcome(Status.OK, "", ms, shared)
+
+
+@dataclass
+class _ProblemData:
+    inputs: list[tuple[Any, ...]]
+    refs: list[Any]
+    out: Any
+    tolerance: float
+
+
+@dataclass
+class _Verified:
+    index: int
+    launches: list[Callable[[], None]]
+    max_rel_err: float
+    compile_ms: float | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Evaluator:
+    """Verifies and times configs inside the process that owns the CUDA context (or the CPU,
+    under the interpreter). Not thread-safe: one per process."""
+
+    def __init__(self, backend: str, *, input_sets: int = 3, seed: int = 0, rounds: int = 4,
+                 block_ms: float = 10.0) -> None:
+        if backend not in BACKENDS:
+            raise InputError(f"unknown backend {backend!r} for the evaluator (allowed: {', '.join(BACKENDS)})")
+        if input_sets < 1 or rounds < 1 or block_ms <= 0:
+            raise InputError("input_sets and rounds must be at least 1 and block_ms positive")
+        self.backend = backend
+        self.input_sets = input_sets
+        self.seed = seed
+        self.plan = TimingPlan(rounds=rounds, block_ms=block_ms)
+        self._problems: OrderedDict[tuple[str, Problem], _ProblemData] = OrderedDict()
+        self._timer: GpuTimer | None = None
+        self._env: Environment | None = None
+        self._rechecks = 0
+        if backend == "interpret":
+            _enter_interpreter()
+        else:
+            _require_gpu()
+
+    # ---- environment --------------------------------------------------------------------------
+    def environment(self) -> Environment:
+        if self._env is None:
+            import torch
+            import triton
+
+            if self.backend == "interpret":
+                self._env = Environment("interpret", INTERPRETER_DEVICE, torch.__version__, triton.__version__, "")
+            else:
+                self._env = Environment("gpu", torch.cuda.get_device_name(0), torch.__version__,
+                                        triton.__version__, telemetry.driver_version())
+        return self._env
+
+    def target(self) -> Target | None:
+        if self.backend == "interpret":
+            return None
+        import torch
+
+        props = torch.cuda.get_device_properties(0)
+        shared = getattr(props, "shared_memory_per_block_optin", None)
+        if not shared:
+            from triton.runtime import driver
+
+            shared = driver.active.utils.get_device_properties(0)["max_shared_mem"]
+        return Target("cuda", props.major * 10 + props.minor, 32, int(shared))
+
+    def gpu_uuid(self) -> str | None:
+        if self.backend == "interpret":
+            return None
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(0).uuid)
+        return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+    # ---- the steps ------------------------------------------------------------------------------
+    def evaluate(self, kernel: str, problem: Problem, configs: Sequence[Config], *,
+                 on_start: OnStart = _noop) -> list[Result]:
+        """One Result per config, in order (see the module docstring)."""
+        return self._run(kernel, problem, configs, self.plan, on_start)
+
+    def remeasure(self, kernel: str, problem: Problem, configs: Sequence[Config], *, rounds: int = 5,
+                  on_start: OnStart = _noop) -> list[Result]:
+        """Evaluate again with `rounds` interleaved rounds of twice the usual block length."""
+        plan = TimingPlan(rounds=rounds, block_ms=2 * self.plan.block_ms, flush_l2=self.plan.flush_l2)
+        return self._run(kernel, problem, configs, plan, on_start)
+
+    def recheck(self, kernel: str, problem: Problem, config: Config) -> Check:
+        """Verify one config again on fresh inputs (a seed never used for the cached sets)."""
+        family, problem = self._family(kernel, problem)
+        self._rechecks += 1
+        seed = self.seed + RECHECK_SEED_OFFSET * self._rechecks
+        inputs = family.make_inputs(problem, seed, self._device())
+        data = _ProblemData([inputs], [family.reference(problem, inputs)],
+                            family.make_output(problem, inputs), family.tolerance(problem))
+        outcome = self._prepare(0, family, problem, config, data)
+        if isinstance(outcome, Result):
+            err = outcome.max_rel_err if outcome.max_rel_err is not None else math.nan
+            return Check(False, err, f"{outcome.status}: {outcome.message}")
+        return Check(True, outcome.max_rel_err, "")
+
+    def baseline(self, kernel: str, problem: Problem) -> Timing | None:
+        """The vendor library on the same problem, timed the same way. None under the interpreter
+        (no vendor GPU library there) or when the family has no baseline."""
+        family, problem = self._family(kernel, problem)
+        if self.backend == "interpret":
+            return None
+        data = self._data(kernel, family, problem)
+        launches = [family.baseline(problem, inputs, data.out) for inputs in data.inputs]
+        if any(fn is None for fn in launches):
+            return None
+        plan = TimingPlan(self.plan.rounds, self.plan.block_ms, family.l2_flush)
+        return self._gpu_timer().time([launches], plan, _noop)[0]  # type: ignore[list-item]
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _run(self, kernel: str, problem: Problem, configs: Sequence[Config], plan: TimingPlan,
+             on_start: OnStart) -> list[Result]:
+        family, problem = self._family(kernel, problem)
+        try:
+            data = self._data(kernel, family, problem)
+        except Exception as e:
+            if failures.launch_failure(e) is not Status.OOM:
+                raise
+            self._free()
+            return [self._failed(problem, c, Status.OOM, f"inputs do not fit: {failures.one_line(e)}")
+                    for c in configs]
+        outcomes: list[Result | _Verified] = []
+        for i, config in enumerate(configs):
+            on_start(i)
+            outcomes.append(self._prepare(i, family, problem, config, data))
+        verified = [o for o in outcomes if isinstance(o, _Verified)]
+        timings = self._time(verified, TimingPlan(plan.rounds, plan.block_ms, family.l2_flush), on_start)
+        tele = telemetry.result_telemetry(self.gpu_uuid())
+        results = []
+        for config, outcome in zip(configs, outcomes, strict=True):
+            if isinstance(outcome, Result):
+                results.append(_with_telemetry(outcome, tele))
+            else:
+                results.append(Result(problem, config, Status.OK, self.environment(), timings[outcome.index],
+                                      max_rel_err=outcome.max_rel_err, compile_ms=outcome.compile_ms,
+                                      telemetry=tele, extra=outcome.extra))
+        return results
+
+    def _prepare(self, i: int, family: KernelFamily, problem: Problem, config: Config,
+                 data: _ProblemData) -> Result | _Verified:
+        """Check, compile and verify one config: a failed Result, or the launches to time."""
+        reason = family.space().check(config, problem)
+        if reason:
+            return self._failed(problem, config, Status.INVALID, reason)
+        compiled, compile_ms, extra = None, None, {"specialisation": family.specialisation(problem, config)}
+        target = self.target()
+        if target is not None:
+            compiled, compile_ms, error = _compile(family, problem, config, target)
+            if compiled is None:
+                return self._failed(problem, config, Status.COMPILE_ERROR, error, compile_ms=compile_ms)
+            extra["shared_bytes"] = int(compiled.metadata.shared)
+            if extra["shared_bytes"] > target.max_shared_bytes:
+                return self._failed(problem, config, Status.OUT_OF_RESOURCES,
+                                    _shared_message(extra["shared_bytes"], target), compile_ms=compile_ms,
+                                    extra=extra)
+        errors: list[float] = []
+        try:
+            launches = [family.launcher(problem, config, inputs, data.out, compiled) for inputs in data.inputs]
+            for s, fn in enumerate(launches):
+                errors.append(self._checked_launch(fn, data.out, data.refs[s]))
+                if not _passes(errors[-1], data.tolerance):
+                    return self._failed(problem, config, Status.WRONG_RESULT,
+                                        _wrong_message(errors[-1], data.tolerance, s),
+                                        max_rel_err=errors[-1], compile_ms=compile_ms, extra=extra)
+        except Exception as e:
+            status = self._launch_failure(i, e)
+            return self._failed(problem, config, status, failures.one_line(e), compile_ms=compile_ms, extra=extra)
+        if compiled is not None:
+            extra.update(n_regs=getattr(compiled, "n_regs", None), n_spills=getattr(compiled, "n_spills", None))
+        return _Verified(i, launches, max(errors), compile_ms, extra)
+
+    def _checked_launch(self, fn: Callable[[], None], out: Any, ref: Any) -> float:
+        import torch
+
+        _poison(out)
+        fn()
+        if self.backend == "gpu":
+            torch.cuda.synchronize()
+        return _rel_err(out, ref)
+
+    def _launch_failure(self, i: int, e: Exception) -> Status:
+        """The status of a known launch failure; raises StickyCudaError or the exception itself."""
+        if failures.is_sticky(e):
+            raise StickyCudaError(i, failures.one_line(e)) from e
+        status = failures.launch_failure(e)
+        if status is None:
+            raise e
+        if status is Status.OOM:
+            self._free()
+        return status
+
+    def _free(self) -> None:
+        """Drop cached problems but the newest, and return cached GPU memory to the driver."""
+        while len(self._problems) > 1:
+            self._problems.popitem(last=False)
+        if self.backend == "gpu":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def _time(self, verified: list[_Verified], plan: TimingPlan, on_start: OnStart) -> dict[int, Timing]:
+        if not verified:
+            return {}
+        launches = [v.launches for v in verified]
+        current = [0]
+
+        def started(j: int) -> None:
+            current[0] = verified[j].index
+            on_start(verified[j].index)
+
+        try:
+            if self.backend == "interpret":
+                timings = time_cpu(launches, CPU_ROUNDS, started)
+            else:
+                timings = self._gpu_timer().time(launches, plan, started)
+        except RuntimeError as e:
+            if failures.is_sticky(e):
+                raise StickyCudaError(current[0], failures.one_line(e)) from e
+            raise
+        return {v.index: t for v, t in zip(verified, timings, strict=True)}
+
+    def _family(self, kernel: str, problem: Problem) -> tuple[KernelFamily, Problem]:
+        family = get_family(kernel)
+        problem = family.parse_problem(problem.as_dict())
+        dtype = problem.get("dtype")
+        if self.backend == "interpret" and dtype is not None and dtype not in INTERPRETER_DTYPES:
+            raise BackendUnavailable(f"dtype {dtype} under the Triton interpreter gives wrong numbers silently "
+                                     f"(allowed there: {', '.join(INTERPRETER_DTYPES)}); use the gpu backend")
+        return family, problem
+
+    def _data(self, kernel: str, family: KernelFamily, problem: Problem) -> _ProblemData:
+        key = (kernel, problem)
+        data = self._problems.get(key)
+        if data is not None:
+            self._problems.move_to_end(key)
+            return data
+        while len(self._problems) >= MAX_CACHED_PROBLEMS:
+            self._problems.popitem(last=False)
+        inputs = [family.make_inputs(problem, self.seed * 1000 + s, self._device()) for s in range(self.input_sets)]
+        refs = [family.reference(problem, x) for x in inputs]
+        data = _ProblemData(inputs, refs, family.make_output(problem, inputs[0]), family.tolerance(problem))
+        self._problems[key] = data
+        return data
+
+    def _device(self) -> str:
+        return "cpu" if self.backend == "interpret" else "cuda"
+
+    def _gpu_timer(self) -> GpuTimer:
+        if self._timer is None:
+            self._timer = GpuTimer()
+        return self._timer
+
+    def _failed(self, problem: Problem, config: Config, status: Status, message: str, *,
+                max_rel_err: float | None = None, compile_ms: float | None = None,
+                extra: dict[str, Any] | None = None) -> Result:
+        return Result(problem, config, status, self.environment(), message=message, max_rel_err=max_rel_err,
+                      compile_ms=compile_ms, extra=dict(extra or {}))
+
+
+# ---- module helpers ------------------------------------------------------------------------------
+def _compile(family: KernelFamily, problem: Problem, config: Config, target: Target,
+             ) -> tuple[Any | None, float, str]:
+    t0 = time.perf_counter()
+    try:
+        compiled = family.compile(problem, config, target)
+    except Exception as e:
+        kind = failures.compile_failure(e)
+        if kind is None:
+            raise
+        if kind == "no_backend":
+            raise BackendUnavailable(f"this Triton cannot compile for {target.backend} sm_{target.arch}: "
+                                     f"{failures.one_line(e)}") from None
+        return None, (time.perf_counter() - t0) * 1e3, failures.one_line(e)
+    return compiled, (time.perf_counter() - t0) * 1e3, ""
+
+
+def _shared_message(shared: int, target: Target) -> str:
+    return f"needs {shared} B of shared memory, more than the {target.max_shared_bytes} B a block can have"
+
+
+def _wrong_message(err: float, tol: float, input_set: int) -> str:
+    if math.isnan(err):
+        return f"output has NaN (an element not written, or NaN computed) on input set {input_set}"
+    return f"relative error {err:.3g} > tolerance {tol:.3g} on input set {input_set}"
+
+
+def _passes(err: float, tol: float) -> bool:
+    return math.isfinite(err) and err <= tol
+
+
+def _poison(out: Any) -> None:
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        t.fill_(float("nan"))
+
+
+def _rel_err(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| over all outputs, in float32 or wider."""
+    import torch
+
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    num = den = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        r = r if r.dtype in (torch.float32, torch.float64) else r.float()
+        num += float(torch.linalg.vector_norm(o.to(r.dtype) - r)) ** 2
+        den += float(torch.linalg.vector_norm(r)) ** 2
+    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+
+
+def _with_telemetry(result: Result, tele: Telemetry) -> Result:
+    return Result(result.problem, result.config, result.status, result.env, result.timing, result.message,
+                  result.max_rel_err, result.compile_ms, tele, result.extra)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _enter_interpreter() -> None:
+    """Set TRITON_INTERPRET=1; refuse if a kernel module was already imported for the GPU."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    if "triton" not in sys.modules:
+        return
+    from triton.runtime.jit import JITFunction
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("tilepilot.kernels.") and module is not None and any(
+                isinstance(v, JITFunction) for v in vars(module).values()):
+            raise BackendUnavailable(f"{name} was imported before TRITON_INTERPRET=1 was set; "
+                                     "start the interpreter backend in a fresh process")
+
+
+def _require_gpu() -> None:
+    if _interpreting():
+        raise BackendUnavailable("TRITON_INTERPRET=1 is set: the gpu backend needs it unset")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("no CUDA GPU visible to torch; use the interpret or replay backend")
