@@ -69,7 +69,10 @@ class Store:
             database, newer schema), or a campaign name that already exists.
         ValueError: a caller's bug: an unknown state, a key that does not match its result,
             sequences of different lengths.
-        KeyError: a row the caller names does not exist (campaign id, queue id, experiment).
+        KeyError: a row the caller updates or builds on does not exist (a campaign id in
+            `set_campaign_state`, a queue id, the experiment of `add_trial`).
+        sqlite3.IntegrityError: an insert that names a campaign that does not exist (foreign
+            keys are on).
         PermissionError: a write on a store opened with `open_readonly`.
         sqlite3.Error: the database itself failed (locked past the 30 s timeout, disk full).
     """
