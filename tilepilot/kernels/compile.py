@@ -46,9 +46,9 @@ def aot_compile(fn: Any, args: Mapping[str, ArgValue], constexprs: Mapping[str, 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature, consts, attrs = _specialise(fn.arg_names, args, constexprs)
-    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     gpu_target = GPUTarget(target.backend, target.arch, target.warp_size)
+    signature, consts, attrs = _specialise(fn.arg_names, args, constexprs, _divisibility_attr(gpu_target))
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=gpu_target, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
@@ -58,14 +58,13 @@ def launch_args(arg_names: Sequence[str], values: Mapping[str, Any]) -> list[Any
 
 
 def _specialise(arg_names: Sequence[str], args: Mapping[str, ArgValue], constexprs: Mapping[str, Any],
-                ) -> tuple[dict[str, str], dict[str, Any], dict[tuple[int, ...], Any]]:
+                divisible: Any) -> tuple[dict[str, str], dict[str, Any], dict[tuple[int, ...], Any]]:
     missing = [n for n in arg_names if n not in args and n not in constexprs]
     if missing:
         raise ValueError(f"no value for kernel argument(s) {', '.join(missing)}")
     signature: dict[str, str] = {}
     consts: dict[str, Any] = {}
     attrs: dict[tuple[int, ...], Any] = {}
-    divisible = _divisibility_attr()
     for i, name in enumerate(arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
@@ -85,8 +84,8 @@ def _specialise(arg_names: Sequence[str], args: Mapping[str, ArgValue], constexp
     return signature, consts, attrs
 
 
-def _divisibility_attr() -> Any:
-    """The attribute value Triton's JIT attaches to an argument divisible by 16."""
-    from triton.backends.compiler import BaseBackend
+def _divisibility_attr(gpu_target: Any) -> Any:
+    """The attribute value Triton's JIT attaches to an argument divisible by 16, for this target."""
+    from triton.compiler.compiler import make_backend
 
-    return BaseBackend.parse_attr("D")
+    return make_backend(gpu_target).parse_attr("D")

@@ -1,0 +1,319 @@
+"""Record the matmul grid on a GPU: the replay dataset (JSON Lines) plus cuBLAS times.
+
+    python bench/record.py --out data/replay/matmul-h100.jsonl \\
+        --cublas-out bench/results/matmul-h100-cublas.json --log bench/results/record-matmul-h100.json \\
+        [--problems all | 4096x4096x4096:bf16,64x4096x4096:bf16 ...] [--time-budget-s 420] [--workers 14]
+
+The grid: BLOCK_SIZE_M, BLOCK_SIZE_N in {64,128,256}, BLOCK_SIZE_K in {32,64,128}, GROUP_SIZE_M=8,
+num_warps in {4,8}, num_stages in {3,4,5} (162 configs). Configs are compiled ahead in spawned
+CPU processes (CUDA_VISIBLE_DEVICES="", one compile per specialisation and config), then each
+problem is evaluated by the same `Evaluator` the workers use (verification on 3 input sets,
+interleaved timing with CUDA events, L2 flushed before each launch).
+
+One line per (problem, config), appended per problem; pairs already in --out are skipped, so a
+run cut short by --time-budget-s is resumed by running the same command again. The cuBLAS time
+of each problem (torch.matmul, timed the same way) goes to --cublas-out (one JSON object keyed
+by problem label). --log gets one entry per invocation (command, device, versions, wall time).
+
+`--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
+interleaved, and checks that both are the same kernel (identical PTX).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import logging
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tilepilot.experiments import Config, Problem, Result
+
+log = logging.getLogger("record")
+KERNEL = "matmul"
+
+REQUIRED = ["4096x4096x4096:bf16", "64x4096x4096:bf16", "16384x1024x1024:bf16", "1024x1024x16384:bf16",
+            "4096x4096x4096:fp16", "2048x8192x2048:fp16", "1x4096x4096:bf16", "16x4096x4096:bf16",
+            "128x4096x4096:bf16"]
+EXTRA = ["6144x1536x4096:bf16", "3000x5000x1000:fp16", "8192x8192x8192:bf16", "512x14336x4096:bf16",
+         "1000x3000x2000:bf16", "2048x2048x2048:fp16", "32x8192x8192:bf16", "8192x2048x512:fp16"]
+
+
+def grid() -> list[Config]:
+    names = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+    values = ([64, 128, 256], [64, 128, 256], [32, 64, 128], [8], [4, 8], [3, 4, 5])
+    return [Config.of(dict(zip(names, v, strict=True))) for v in itertools.product(*values)]
+
+
+def parse_problem(spec: str) -> Problem:
+    from tilepilot.kernels import get_family
+
+    dims, _, dtype = spec.partition(":")
+    m, n, k = (int(x) for x in dims.lower().split("x"))
+    return get_family(KERNEL).parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
+
+
+def problem_specs(arg: str) -> list[str]:
+    if arg == "all":
+        return REQUIRED + EXTRA
+    if arg == "required":
+        return REQUIRED
+    return [s.strip() for s in arg.split(",") if s.strip()]
+
+
+def sig5(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.5g}")
+
+
+# ---- compile ahead ---------------------------------------------------------------------------------
+def _child_init() -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported in this process
+    logging.basicConfig(level=logging.WARNING)
+
+
+def _compile_task(problem: dict[str, Any], config: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+    from tilepilot.kernels.base import Target
+    from tilepilot.kernels.evaluate import compile_config
+
+    o = compile_config(KERNEL, Problem.of(problem), Config.of(config), Target(**target))
+    return {"status": o.status.value, "message": o.message, "compile_ms": o.compile_ms, "shared": o.shared_bytes}
+
+
+def submit_compiles(pool: ProcessPoolExecutor, todo: list[tuple[Problem, list[Config]]],
+                    target: Any) -> dict[tuple[str, str], Future[dict[str, Any]]]:
+    """One compile per (specialisation, config), in the order the problems will be evaluated."""
+    from tilepilot.kernels import get_family
+
+    family = get_family(KERNEL)
+    futures: dict[tuple[str, str], Future[dict[str, Any]]] = {}
+    tdict = {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size,
+             "max_shared_bytes": target.max_shared_bytes}
+    for problem, configs in todo:
+        for c in configs:
+            key = (family.specialisation(problem, c), c.key())
+            if key not in futures and family.space().check(c, problem) is None:
+                futures[key] = pool.submit(_compile_task, problem.as_dict(), c.as_dict(), tdict)
+    return futures
+
+
+# ---- dataset ---------------------------------------------------------------------------------------
+def load_done(path: Path) -> set[tuple[str, str]]:
+    done: set[tuple[str, str]] = set()
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                done.add((Problem.of(row["problem"]).key(), Config.of(row["config"]).key()))
+    return done
+
+
+def row(result: Result, today: str, kernel_version: str) -> dict[str, Any]:
+    t = result.timing
+    ex = result.extra
+    return {
+        "kernel": KERNEL, "problem": result.problem.as_dict(), "config": result.config.as_dict(),
+        "status": result.status.value,
+        "median_ms": sig5(t.median_ms) if t else None, "p20_ms": sig5(t.p20_ms) if t else None,
+        "p80_ms": sig5(t.p80_ms) if t else None, "min_ms": sig5(t.min_ms) if t else None,
+        "reps": t.reps if t else None, "max_rel_err": sig5(result.max_rel_err),
+        "sm_clock_mhz": result.telemetry.sm_clock_mhz, "power_w": sig5(result.telemetry.power_w),
+        "temp_c": result.telemetry.temp_c, "message": result.message,
+        "device": result.env.device, "driver": result.env.driver, "torch": result.env.torch,
+        "triton": result.env.triton, "recorded_at": today,
+        "compile_ms": sig5(result.compile_ms), "shared_bytes": ex.get("shared_bytes"),
+        "n_regs": ex.get("n_regs"), "n_spills": ex.get("n_spills"),
+        "l2_flushed": t.l2_flushed if t else None, "method": t.method if t else None,
+        "kernel_version": kernel_version,
+    }
+
+
+def append_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    with path.open("a") as f:
+        for r in rows:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+
+
+def update_cublas(path: Path, label: str, entry: dict[str, Any], header: dict[str, Any]) -> None:
+    data = json.loads(path.read_text()) if path.exists() else {**header, "problems": {}}
+    data["problems"][label] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+# ---- the recording ---------------------------------------------------------------------------------
+def record(args: argparse.Namespace) -> dict[str, Any]:
+    from tilepilot.kernels import get_family, telemetry
+    from tilepilot.kernels.evaluate import Evaluator
+
+    start = time.monotonic()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = load_done(out)
+    problems = [parse_problem(s) for s in problem_specs(args.problems)]
+    todo = [(p, [c for c in grid() if (p.key(), c.key()) not in done]) for p in problems]
+    todo = [(p, cs) for p, cs in todo if cs]
+    ev = Evaluator("gpu", input_sets=3, seed=args.seed, rounds=args.rounds, block_ms=args.block_ms)
+    env, family, today = ev.environment(), get_family(KERNEL), dt.date.today().isoformat()
+    header = {"device": env.device, "driver": env.driver, "torch": env.torch, "triton": env.triton,
+              "method": "torch.matmul (cuBLAS), CUDA events, L2 flushed before each launch, median of reps"}
+    summary: dict[str, Any] = {"problems_done": [], "rows_written": 0, "gpu_before": _gpu_state(ev)}
+    log.info("%d problems to record (%d already complete)", len(todo), len(problems) - len(todo))
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=args.workers, mp_context=ctx, initializer=_child_init) as pool:
+        futures = submit_compiles(pool, todo, ev.target())
+        last_s = 0.0
+        for problem, configs in todo:
+            left = args.time_budget_s - (time.monotonic() - start)
+            if left < 1.5 * last_s + 10:
+                log.info("time budget: stopping before %s (%.0f s left)", problem.label(), left)
+                break
+            t0 = time.monotonic()
+            for c in configs:
+                key = (family.specialisation(problem, c), c.key())
+                if key in futures:
+                    futures[key].result()
+            compiled_s = time.monotonic() - t0
+            results = ev.evaluate(KERNEL, problem, configs)
+            append_rows(out, (row(r, today, family.kernel_version()) for r in results))
+            cublas = ev.baseline(KERNEL, problem)
+            if cublas is not None:
+                update_cublas(Path(args.cublas_out), problem.label(),
+                              _cublas_entry(problem, cublas, family.work(problem).flops, today), header)
+            last_s = time.monotonic() - t0
+            summary["problems_done"].append(problem.label())
+            summary["rows_written"] += len(results)
+            _log_problem(problem, results, cublas, family, compiled_s, last_s)
+        pool.shutdown(wait=False, cancel_futures=True)
+    summary["gpu_after"] = _gpu_state(ev)
+    summary.update(env.as_dict())
+    summary["nvml"] = telemetry.nvml_available()
+    return summary
+
+
+def _cublas_entry(problem: Problem, t: Any, flops: float, today: str) -> dict[str, Any]:
+    return {"problem": problem.as_dict(), "median_ms": sig5(t.median_ms), "p20_ms": sig5(t.p20_ms),
+            "p80_ms": sig5(t.p80_ms), "min_ms": sig5(t.min_ms), "reps": t.reps,
+            "tflops": sig5(flops / (t.median_ms * 1e-3) / 1e12), "recorded_at": today}
+
+
+def _log_problem(problem: Problem, results: list[Result], cublas: Any, family: Any, compiled_s: float,
+                 total_s: float) -> None:
+    ok = [r for r in results if r.median_ms is not None]
+    best = min(ok, key=lambda r: r.median_ms or 0.0) if ok else None
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status.value] = counts.get(r.status.value, 0) + 1
+    work = family.work(problem)
+    log.info("%s: %s; best %s %.4f ms (%.0f TFLOP/s) | cuBLAS %.4f ms (%.0f TFLOP/s) | wait-compile %.1f s, "
+             "total %.1f s", problem.label(), counts, best.config.label() if best else "-",
+             best.median_ms if best else float("nan"), work.tflops(best.median_ms) if best else float("nan"),
+             cublas.median_ms if cublas else float("nan"), work.tflops(cublas.median_ms) if cublas else 0.0,
+             compiled_s, total_s)
+
+
+def _gpu_state(ev: Any) -> dict[str, Any] | None:
+    from tilepilot.kernels import telemetry
+
+    if not telemetry.nvml_available():
+        return None
+    s = telemetry.sample_gpu(ev.gpu_uuid(), os.uname().nodename)
+    return {"sm_clock_mhz": s.sm_clock_mhz, "power_w": s.power_w, "temp_c": s.temp_c, "throttle": s.throttle,
+            "mem_used_mb": round(s.mem_used_mb)}
+
+
+# ---- AOT vs JIT ------------------------------------------------------------------------------------
+def aot_vs_jit(args: argparse.Namespace) -> dict[str, Any]:
+    """Time the same configs launched ahead-of-time and through the JIT, interleaved."""
+    import torch
+
+    from tilepilot.kernels import get_family, matmul_triton
+    from tilepilot.kernels.evaluate import Evaluator
+    from tilepilot.kernels.matmul import _constexprs, _int_args
+    from tilepilot.kernels.timing import GpuTimer, TimingPlan
+
+    family = get_family(KERNEL)
+    ev = Evaluator("gpu")
+    target = ev.target()
+    timer = GpuTimer()
+    rows = []
+    for spec in ("4096x4096x4096:bf16", "1x4096x4096:bf16", "3000x5000x1000:fp16"):
+        problem = parse_problem(spec)
+        inputs = family.make_inputs(problem, 0, "cuda")
+        out = family.make_output(problem, inputs)
+        configs = [family.default_config(problem), Config.of({**family.default_config(problem).as_dict(),
+                   "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "num_warps": 4, "num_stages": 4})]
+        for c in configs:
+            t0 = time.perf_counter()
+            aot = family.compile(problem, c, target)
+            compile_ms = (time.perf_counter() - t0) * 1e3
+            aot_launch = family.launcher(problem, c, inputs, out, aot)
+            grid = (-(-int(problem["M"]) // int(c["BLOCK_SIZE_M"])) * -(-int(problem["N"]) // int(c["BLOCK_SIZE_N"])),
+                    1, 1)
+            kwargs = {"a_ptr": inputs[0], "b_ptr": inputs[1], "c_ptr": out, **_int_args(problem), **_constexprs(c)}
+            jit_kernel = matmul_triton.matmul_kernel[grid](**kwargs, num_warps=int(c["num_warps"]),
+                                                            num_stages=int(c["num_stages"]))
+
+            def jit_launch(kwargs: dict[str, Any] = kwargs, grid: tuple[int, int, int] = grid,
+                           c: Config = c) -> None:
+                matmul_triton.matmul_kernel[grid](**kwargs, num_warps=int(c["num_warps"]),
+                                                  num_stages=int(c["num_stages"]))
+
+            torch.cuda.synchronize()
+            timings = []
+            for _ in range(3):  # three independent interleaved measurements
+                timings.append(timer.time([[aot_launch], [jit_launch]], TimingPlan(rounds=6, block_ms=10.0),
+                                          lambda i: None))
+            rows.append({
+                "problem": problem.label(), "config": c.label(), "aot_compile_ms_in_gpu_process": sig5(compile_ms),
+                "same_ptx": aot.asm["ptx"] == jit_kernel.asm["ptx"],
+                "same_attrs": str(sorted(aot.src.attrs.items())) == str(sorted(jit_kernel.src.attrs.items())),
+                "aot_median_ms": [sig5(t[0].median_ms) for t in timings],
+                "jit_median_ms": [sig5(t[1].median_ms) for t in timings],
+            })
+            log.info("%s", rows[-1])
+    return {"rows": rows, **ev.environment().as_dict(), "date": dt.date.today().isoformat(),
+            "method": "CUDA events, L2 flushed, 6 interleaved rounds x ~10 ms blocks, 3 repeats"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--problems", default="all", help="all | required | comma-separated MxNxK:dtype")
+    p.add_argument("--out", default="data/replay/matmul-h100.jsonl")
+    p.add_argument("--cublas-out", default="bench/results/matmul-h100-cublas.json")
+    p.add_argument("--log", default="bench/results/record-matmul-h100.json")
+    p.add_argument("--time-budget-s", type=float, default=420.0)
+    p.add_argument("--workers", type=int, default=14)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--block-ms", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--aot-vs-jit", default="", help="write the AOT-vs-JIT check to this file and exit")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    started = time.monotonic()
+    if args.aot_vs_jit:
+        report = aot_vs_jit(args)
+        Path(args.aot_vs_jit).write_text(json.dumps(report, indent=1) + "\n")
+        return 0
+    summary = record(args)
+    entry = {"command": " ".join(["python", "bench/record.py", *(argv or sys.argv[1:])]),
+             "date": dt.date.today().isoformat(), "wall_s": round(time.monotonic() - started, 1),
+             "workers": args.workers, "rounds": args.rounds, "block_ms": args.block_ms, **summary}
+    logp = Path(args.log)
+    data = json.loads(logp.read_text()) if logp.exists() else {"runs": []}
+    data["runs"].append(entry)
+    logp.write_text(json.dumps(data, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
