@@ -1,6 +1,7 @@
 """The `tilepilot` command. Thin: parses, calls into the packages, prints.
 
-Exit codes: 0 success, 2 bad input (one line on stderr), 1 anything else, 130 interrupted.
+Exit codes: 0 success, 2 bad input (one line on stderr), 1 anything else, 130 interrupted,
+141 the reader of our output went away (`tilepilot history | head`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import csv
 import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        _discard_stdout()
+        return 141
     except InputError as e:
         print(f"tilepilot: error: {e}", file=sys.stderr)
         return 2
@@ -45,6 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TilepilotError as e:
         print(f"tilepilot: error: {e}", file=sys.stderr)
         return 1
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing what is left at exit raises nothing."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):  # stdout has no file descriptor (captured, closed)
+        pass
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,7 +154,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(f"campaign {outcome.plan.campaign.name} finished ({backend}: {label})")
     from tilepilot.storage.queries import best, open_db
 
-    rows = best(open_db(args.db), campaign=outcome.plan.campaign.name)
+    with open_db(args.db) as db:
+        rows = best(db, campaign=outcome.plan.campaign.name)
     _print_best(rows)
     print(f"results in {args.db.resolve()}  (tilepilot dashboard --db {args.db})")
     return 0
@@ -186,21 +204,26 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 # ---- history and best ---------------------------------------------------------------------
 def cmd_history(args: argparse.Namespace) -> int:
     from tilepilot.storage.queries import history, open_db
+    from tilepilot.storage.views import HistoryRow
 
-    rows = history(open_db(args.db), campaign=args.campaign, kernel=args.kernel, status=args.status,
-                   proposer=args.proposer, problem=_problem_filter(args.problem) or None,
-                   limit=_positive(args.limit, "--limit"))
+    problem = _problem_filter(args.problem) or None
+    limit = _positive(args.limit, "--limit")
+    with open_db(args.db) as db:
+        rows = history(db, campaign=args.campaign, kernel=args.kernel, status=args.status,
+                       proposer=args.proposer, problem=problem, limit=limit)
     cols = ["campaign", "problem", "config", "status", "median_ms", "proposer", "rationale"]
-    _emit(args, [_plain(r) for r in rows], cols)
+    _emit(args, [_plain(r) for r in rows], cols, _field_names(HistoryRow))
     return 0
 
 
 def cmd_best(args: argparse.Namespace) -> int:
     from tilepilot.storage.queries import best, open_db
+    from tilepilot.storage.views import BestRow
 
-    rows = best(open_db(args.db), campaign=args.campaign, kernel=args.kernel)
+    with open_db(args.db) as db:
+        rows = best(db, campaign=args.campaign, kernel=args.kernel)
     if args.json or args.csv:
-        _emit(args, [_plain(r) for r in rows], [])
+        _emit(args, [_plain(r) for r in rows], [], _field_names(BestRow))
     else:
         _print_best(rows)
     return 0
@@ -235,8 +258,13 @@ def _problem_filter(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise InputError(f"--problem {item!r} is not KEY=VALUE (e.g. M=4096 or dtype=bf16)")
-        out[key] = int(value) if value.lstrip("-").isdigit() else value
+        digits = value[1:] if value.startswith("-") else value
+        out[key] = int(value) if digits.isascii() and digits.isdigit() else value
     return out
+
+
+def _field_names(view: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(view)]
 
 
 def _plain(row: Any) -> dict[str, Any]:
@@ -251,12 +279,12 @@ def _compact(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], cols: list[str]) -> None:
+def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], cols: list[str], fields: list[str]) -> None:
+    """A table of `cols`, or every field as JSON Lines or CSV (the same header with or without rows)."""
     if args.json:
         for r in rows:
             print(json.dumps(r, default=str))
     elif args.csv:
-        fields = list(rows[0]) if rows else cols
         w = csv.DictWriter(sys.stdout, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         for r in rows:
@@ -286,9 +314,9 @@ def _print_table(rows: list[dict[str, Any]], cols: list[str], out: Callable[[str
 # ---- dashboard ----------------------------------------------------------------------------
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from tilepilot.dashboard.launch import serve
+    from tilepilot.storage.queries import open_db
 
     if not 1 <= args.port <= 65535:
         raise InputError(f"--port {args.port} is not a port number (1 to 65535)")
-    if not args.db.exists():
-        raise InputError(f"no tilepilot database at {str(args.db)!r} (run `tilepilot tune` first or pass --db)")
+    open_db(args.db).close()  # a missing file or another program's database is one line here
     return serve(str(args.db), host=args.host, port=args.port)
