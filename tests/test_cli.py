@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -252,7 +253,7 @@ def no_server(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("the dashboard server was started")
 
-    monkeypatch.setattr(launch.subprocess, "Popen", refuse)
+    monkeypatch.setattr(launch, "subprocess", SimpleNamespace(Popen=refuse))
 
 
 def test_dashboard_port_zero_is_one_line_error(tuned, capsys, no_server):
