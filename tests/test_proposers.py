@@ -24,12 +24,13 @@ from tilepilot.experiments import Candidate, Config, InputError, Result, Status
 
 
 def test_registry_lists_every_proposer_and_the_default() -> None:
-    assert proposer_names() == ["grid", "optuna", "random"]
+    assert proposer_names() == ["grid", "optuna", "portfolio", "random", "rules"]
     assert DEFAULT_PROPOSER in proposer_names()
 
 
 def test_unknown_proposer_names_the_known_ones() -> None:
-    with pytest.raises(InputError, match=r"unknown proposer 'x' \(known proposers: grid, optuna, random\)"):
+    known = "grid, optuna, portfolio, random, rules"
+    with pytest.raises(InputError, match=rf"unknown proposer 'x' \(known proposers: {known}\)"):
         get_proposer("x")
 
 

@@ -14,7 +14,9 @@ from tilepilot.experiments import InputError
 PROPOSERS: Registry = {
     "grid": "tilepilot.agents.grid:GridProposer",
     "optuna": "tilepilot.agents.optuna:OptunaProposer",
+    "portfolio": "tilepilot.agents.portfolio:PortfolioProposer",
     "random": "tilepilot.agents.random:RandomProposer",
+    "rules": "tilepilot.agents.rules:RulesProposer",
 }
 
 DEFAULT_PROPOSER = "optuna"

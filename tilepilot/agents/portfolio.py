@@ -1,0 +1,151 @@
+"""`portfolio`: each round's slots split among member proposers by the improvement each delivered.
+
+Members (default: rules, optuna, random) are full proposers of the same problem. Every result
+goes to every member's `observe`, whoever proposed it, so Optuna learns from the rules'
+configs and the rules' model from Optuna's.
+
+Credit: a member's candidate whose result beats the best time so far by more than
+`IMPROVEMENT` (relative) is an improvement for that member; the first timing of a problem
+improves on nothing. Slots are given one at a time to the member with the highest upper
+confidence bound, `(improvements + prior) / (measured + 2) + explore * sqrt(ln(1 + given) /
+(1 + member_given))`, where `prior` is a member's head start (the model-based `rules` leads
+until the data says otherwise). A floor keeps every member alive: a member that has received
+fewer than `floor` of all the slots handed out gets the next one. A member that has nothing to
+offer is skipped and its slots go to the others; the portfolio is exhausted when all are.
+
+Candidates keep their member's prediction and hypothesis; the rationale says who proposed
+it, how the round was split and why, then the member's own reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tilepilot.agents.base import Proposer, ProposerContext, SearchState
+from tilepilot.agents.registry import get_proposer
+from tilepilot.experiments import Candidate, Config, InputError, Result, Status
+
+DEFAULT_MEMBERS = ("rules", "optuna", "random")
+PRIOR_IMPROVEMENTS = {"rules": 1.0}  # head start in improvements; others get DEFAULT_PRIOR
+DEFAULT_PRIOR = 0.5
+IMPROVEMENT = 0.005  # a result must beat the best so far by 0.5% (about the timing noise)
+
+
+@dataclass
+class Member:
+    name: str
+    proposer: Proposer
+    prior: float
+    given: int = 0  # candidates handed out
+    measured: int = 0  # of those, results that count against the budget
+    improvements: int = 0
+
+    def mean(self) -> float:
+        return (self.improvements + self.prior) / (self.measured + 2.0)
+
+    def summary(self) -> str:
+        return f"{self.improvements} improvement{'s' if self.improvements != 1 else ''} in {self.measured}"
+
+
+@dataclass
+class Settings:
+    members: tuple[str, ...] = DEFAULT_MEMBERS
+    floor: float = 0.1  # least share of all slots each member receives
+    explore: float = 0.3  # weight of the UCB exploration term
+    priors: dict[str, float] = field(default_factory=lambda: dict(PRIOR_IMPROVEMENTS))
+
+
+class PortfolioProposer(Proposer):
+    name = "portfolio"
+
+    def __init__(self, ctx: ProposerContext, settings: Settings | None = None) -> None:
+        super().__init__(ctx)
+        self.settings = settings or Settings()
+        names = self.settings.members
+        if not names or len(set(names)) != len(names) or self.name in names:
+            raise InputError(f"portfolio members {names!r} must be distinct proposers other than 'portfolio'")
+        self.members = [Member(n, get_proposer(n)(ctx), self.settings.priors.get(n, DEFAULT_PRIOR))
+                        for n in names]
+        self._owner: dict[Config, Member] = {}
+        self._seen_results: dict[Config, Result] = {}
+        self._best_ms: float | None = None
+
+    # ---- the contract --------------------------------------------------------------
+    def propose(self, state: SearchState, n: int) -> list[Candidate]:
+        self._absorb(state)
+        taken: list[tuple[Member, Candidate]] = []
+        idle: set[str] = set()  # members with nothing to offer in this round
+        while len(taken) < n and len(idle) < len(self.members):
+            member = self._next_member(idle)
+            pending = state.pending | {c.config for _, c in taken}
+            sub = SearchState(results=state.results, pending=pending)
+            got = [c for c in member.proposer.propose(sub, 1) if c.config not in state.seen | pending]
+            if not got:
+                idle.add(member.name)
+                continue
+            member.given += 1
+            self._owner[got[0].config] = member
+            taken.append((member, got[0]))
+        split = self._split(taken)
+        return [self._relabel(m, c, split) for m, c in taken]
+
+    def observe(self, results: Sequence[Result]) -> None:
+        fresh = []
+        for r in results:
+            if r.problem != self.ctx.problem:
+                raise ValueError(f"result for {r.problem.label()} given to the proposer of "
+                                 f"{self.ctx.problem.label()}")
+            if self._seen_results.get(r.config) == r:
+                continue
+            self._seen_results[r.config] = r
+            self._credit(r)
+            fresh.append(r)
+        if fresh:
+            for m in self.members:
+                m.proposer.observe(fresh)
+
+    def close(self) -> None:
+        for m in self.members:
+            m.proposer.close()
+
+    # ---- allocation ----------------------------------------------------------------
+    def _next_member(self, idle: set[str]) -> Member:
+        live = [m for m in self.members if m.name not in idle]
+        given = sum(m.given for m in self.members)
+        starved = [m for m in live if m.given < self.settings.floor * (given + 1)]
+        if starved:
+            return min(starved, key=lambda m: m.given)  # first in member order on ties
+        return max(live, key=lambda m: self._ucb(m, given))  # first in member order on ties
+
+    def _ucb(self, m: Member, given: int) -> float:
+        return m.mean() + self.settings.explore * math.sqrt(math.log(1.0 + given) / (1.0 + m.given))
+
+    def _credit(self, r: Result) -> None:
+        owner = self._owner.get(r.config)
+        if owner is not None and r.status.counts_against_budget:
+            owner.measured += 1
+        if r.status is not Status.OK or r.median_ms is None:
+            return
+        if self._best_ms is not None and r.median_ms < self._best_ms * (1.0 - IMPROVEMENT) and owner:
+            owner.improvements += 1
+        self._best_ms = r.median_ms if self._best_ms is None else min(self._best_ms, r.median_ms)
+
+    # ---- explaining ----------------------------------------------------------------
+    def _split(self, taken: list[tuple[Member, Candidate]]) -> str:
+        counts = {m.name: 0 for m in self.members}
+        for m, _ in taken:
+            counts[m.name] += 1
+        parts = [f"{counts[m.name]} to {m.name} ({m.summary()})" for m in self.members]
+        return f"{len(taken)} slot{'s' if len(taken) != 1 else ''}: " + ", ".join(parts)
+
+    def _relabel(self, member: Member, cand: Candidate, split: str) -> Candidate:
+        why = f"portfolio via {member.name}, {split}; {member.name}: {cand.rationale}"
+        return Candidate(cand.problem, cand.config, self.name, why, predicted_ms=cand.predicted_ms,
+                         hypothesis_id=cand.hypothesis_id)
+
+    def _absorb(self, state: SearchState) -> None:
+        fresh = [r for c, r in state.results.items() if self._seen_results.get(c) != r]
+        if fresh:
+            self.observe(fresh)

@@ -1,0 +1,220 @@
+"""`rules`: an offline expert. A cost model ranks the configs; measurements correct it.
+
+Before any result, configs are ranked by the tile model's predicted time (`tile_model`:
+shared memory and registers against the device's limits, waves over the SMs, padding, the
+roofline). Configs the resource model says cannot launch are never proposed. After results
+arrive, a Gaussian process over the model's log-error (`residual_gp`) corrects the
+prediction of every unmeasured config: a per-problem offset and a smooth correction, so a
+region whose neighbours ran slow drops and one that beat the model rises. Learned failure
+regions: an `out_of_resources` result marks every config that needs at least as much shared
+memory as failing; other failures that never run (compile error, crash, wrong result)
+penalise the configs with the same tile shape and warps. Both are ranked last, not dropped.
+
+Each batch is picked greedily by the lower confidence bound of the corrected prediction;
+each pick is then added to the GP as if measured at its mean, which spreads a batch out.
+Each candidate carries `predicted_ms` and a one-line rationale: the reason from the model and
+a falsifiable hypothesis (the time range it expects). Spaces without tile parameters get no
+model (a flat prior) and the GP alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tilepilot.agents.base import Proposer, ProposerContext, SearchState
+from tilepilot.agents.residual_gp import GpSettings, ResidualGp
+from tilepilot.agents.roofline import H100_SXM, Device, problem_roofline
+from tilepilot.agents.rules_text import describe
+from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants, Estimate, estimate, has_model
+from tilepilot.experiments import Candidate, Config, Result, Status
+
+log = logging.getLogger(__name__)
+
+FAILED_REGION_PENALTY = math.log(4.0)  # added to the log-prediction of a config near a failure
+
+
+@dataclass(frozen=True)
+class RulesSettings:
+    kappa: float = 0.5  # lower confidence bound: corrected log-prediction - kappa * std
+    signal_var: float = 0.04  # prior variance of the model's log-error between configs
+    noise_var: float = 0.02**2
+    lengthscales: dict[str, float] = field(default_factory=lambda: {
+        "BLOCK_SIZE_M": 0.8, "BLOCK_M": 0.8, "BLOCK_SIZE_N": 0.8, "BLOCK_N": 0.8,
+        "BLOCK_SIZE_K": 1.0, "BLOCK_K": 1.0, "num_warps": 1.0, "num_stages": 1.5})
+    default_lengthscale: float = 1.0  # in steps between adjacent choices of a parameter
+
+
+class RulesProposer(Proposer):
+    name = "rules"
+
+    def __init__(self, ctx: ProposerContext, *, device: Device = H100_SXM,
+                 constants: Constants = DEFAULT_CONSTANTS, settings: RulesSettings | None = None) -> None:
+        super().__init__(ctx)
+        self.device = device
+        self.constants = constants
+        self.settings = settings or RulesSettings()
+        self.roofline = problem_roofline(ctx.problem, device)
+        self._results: dict[Config, Result] = {}
+        self._pool: list[Config] | None = None  # valid configs the model lets launch, in prior order
+        self._est: dict[Config, Estimate | None] = {}
+        self._smem_cap: int | None = None  # least shared memory seen to fail with out_of_resources
+        self._bad_shapes: set[tuple[int, int, int, int]] = set()
+
+    # ---- the contract --------------------------------------------------------------
+    def propose(self, state: SearchState, n: int) -> list[Candidate]:
+        self._absorb(state)
+        seen = state.seen
+        pool = [c for c in self._configs() if c not in seen]
+        if n <= 0 or not pool:
+            return []
+        gp = ResidualGp(self._gp_settings())
+        xs, ys = self._training()
+        gp.fit(xs, ys)
+        measured = len(xs)
+        self._believe_pending(gp, xs, ys, state.pending)
+        best = state.best()
+        out: list[Candidate] = []
+        for _ in range(min(n, len(pool))):
+            i, mean, std = self._pick(gp, pool)
+            config = pool.pop(i)
+            predicted = math.exp(self._log_prior(config) + mean)
+            known = self.estimate(config) is not None or measured > 0
+            out.append(Candidate(self.ctx.problem, config, self.name,
+                                 self._why(config, predicted, std, best, measured),
+                                 predicted_ms=predicted if known else None))
+            xs.append(self._coords(config) or ())
+            ys.append(mean)  # believe the mean: the next pick looks elsewhere
+            gp.fit(xs, ys)
+        return out
+
+    def observe(self, results: Sequence[Result]) -> None:
+        for r in results:
+            if r.problem != self.ctx.problem:
+                raise ValueError(f"result for {r.problem.label()} given to the proposer of "
+                                 f"{self.ctx.problem.label()}")
+            if self._results.get(r.config) == r:
+                continue
+            self._results[r.config] = r
+            self._learn_failure(r)
+
+    # ---- the model -----------------------------------------------------------------
+    def estimate(self, config: Config) -> Estimate | None:
+        """The tile model's estimate of a config, None in a space without a tile model."""
+        if config not in self._est:
+            self._est[config] = (estimate(self.ctx.problem, config, self.device, self.constants)
+                                 if has_model(self.ctx.problem, config) else None)
+        return self._est[config]
+
+    def prior_ms(self, config: Config) -> float:
+        return math.exp(self._log_prior(config))
+
+    def _log_prior(self, config: Config) -> float:
+        est = self.estimate(config)
+        base = 0.0 if est is None else math.log(est.predicted_ms)
+        return base + (FAILED_REGION_PENALTY if self._near_failure(config) else 0.0)
+
+    def _configs(self) -> list[Config]:
+        """Valid configs the resource model lets launch, in the model's order (ties: space order)."""
+        if self._pool is None:
+            valid = self.ctx.space.valid(self.ctx.problem)
+            runnable = [c for c in valid if (e := self.estimate(c)) is None or e.launches]
+            dropped = len(valid) - len(runnable)
+            if dropped:
+                log.debug("rules: %d configs of %s cannot launch by the resource model", dropped,
+                          self.ctx.problem.label())
+            order = {c: i for i, c in enumerate(runnable)}
+            self._pool = sorted(runnable, key=lambda c: (self._log_prior(c), order[c]))
+        return list(self._pool)
+
+    def _training(self) -> tuple[list[tuple[float, ...]], list[float]]:
+        xs: list[tuple[float, ...]] = []
+        ys: list[float] = []
+        for config, r in self._results.items():
+            x = self._coords(config)
+            if r.status is Status.OK and r.median_ms is not None and x is not None:
+                xs.append(x)
+                ys.append(math.log(r.median_ms) - self._log_prior(config))
+        return xs, ys
+
+    def _believe_pending(self, gp: ResidualGp, xs: list[tuple[float, ...]], ys: list[float],
+                         pending: set[Config]) -> None:
+        """Configs in flight count as measured at their predicted mean, so new picks look elsewhere."""
+        coords = [x for c in sorted(pending, key=Config.key) if (x := self._coords(c)) is not None]
+        if coords:
+            means, _ = gp.predict(coords)
+            xs.extend(coords)
+            ys.extend(float(m) for m in means)
+            gp.fit(xs, ys)
+
+    def _pick(self, gp: ResidualGp, pool: list[Config]) -> tuple[int, float, float]:
+        means, stds = gp.predict([self._coords(c) or () for c in pool])
+        priors = np.array([self._log_prior(c) for c in pool])
+        score = priors + means - self.settings.kappa * stds
+        i = int(np.argmin(score))  # first minimum: ties keep the prior order
+        return i, float(means[i]), float(stds[i])
+
+    def _coords(self, config: Config) -> tuple[float, ...] | None:
+        """Each parameter's position among its choices, over its length scale; None outside the space."""
+        out = []
+        for p in self.ctx.space.params:
+            v = config.get(p.name)
+            pos = next((i for i, c in enumerate(p.choices) if type(c) is type(v) and c == v), None)
+            if pos is None:
+                return None
+            out.append(pos / self.settings.lengthscales.get(p.name, self.settings.default_lengthscale))
+        return tuple(out)
+
+    def _gp_settings(self) -> GpSettings:
+        s = self.settings
+        return GpSettings(lengthscales=(1.0,) * len(self.ctx.space.params), signal_var=s.signal_var,
+                          noise_var=s.noise_var)
+
+    # ---- failures ------------------------------------------------------------------
+    def _learn_failure(self, r: Result) -> None:
+        if not r.status.never_runs or r.status is Status.INVALID:
+            return
+        est = self.estimate(r.config)
+        if est is None:
+            return
+        if r.status is Status.OUT_OF_RESOURCES:
+            self._smem_cap = est.shared_bytes if self._smem_cap is None else min(self._smem_cap, est.shared_bytes)
+        else:
+            t = est.tile
+            self._bad_shapes.add((t.bm, t.bn, t.bk, t.warps))
+        self._pool = None  # re-rank
+
+    def _near_failure(self, config: Config) -> bool:
+        est = self.estimate(config)
+        if est is None:
+            return False
+        if self._smem_cap is not None and est.shared_bytes >= self._smem_cap:
+            return True
+        t = est.tile
+        return (t.bm, t.bn, t.bk, t.warps) in self._bad_shapes
+
+    # ---- explaining ----------------------------------------------------------------
+    def _why(self, config: Config, predicted: float, std: float, best: Result | None, measured: int) -> str:
+        est = self.estimate(config)
+        reason = describe(est, self.roofline, self.device) if est else "no tile model for this space"
+        if self._near_failure(config):
+            reason += "; near a config that failed to run"
+        if measured:
+            prior = est.predicted_ms if est else 1.0
+            reason += f"; model ×{predicted / prior:.2f} after {measured} measured"
+        lo, hi = predicted * math.exp(-2 * std), predicted * math.exp(2 * std)
+        if est is None and not measured:
+            return f"{reason}; no prediction yet, taken in space order"
+        claim = f"hypothesis: {lo:.3g}-{hi:.3g} ms"
+        if best is not None and best.median_ms is not None:
+            claim += ", beats best" if hi < best.median_ms else f" vs best {best.median_ms:.3g} ms"
+        return f"{reason}; predicted {predicted:.3g} ms; {claim}"
+
+    def _absorb(self, state: SearchState) -> None:
+        fresh = [r for c, r in state.results.items() if self._results.get(c) != r]
+        if fresh:
+            self.observe(fresh)

@@ -1,0 +1,176 @@
+"""A cost model of a tiled GEMM config on one device: resources, waves and a predicted time.
+
+The model reads a config through the tile parameters it knows (`BLOCK_SIZE_M` or `BLOCK_M`,
+and likewise N and K, `num_warps`, `num_stages`); a space without them has no tile model.
+
+What it estimates for one (problem, config):
+- resources: shared memory of the pipelined A/B tiles (`stages × (BM + BN) × BK × bytes`)
+  against the device's per-block and per-SM limits; registers per thread (the fp32
+  accumulator `BM·BN / (32·num_warps)` plus addressing) against the 255-register limit,
+  the excess being spilled; resident blocks per SM from both;
+- the grid: tiles `⌈M/BM⌉·⌈N/BN⌉`, waves over the SMs, work wasted padding M, N, K to the tile;
+- time: each SM works through its tiles at the slower of its tensor-core rate (lower for
+  small per-warpgroup tiles) and its operand feed (L2 bandwidth per active SM, and the bytes
+  the pipeline keeps in flight over the memory latency), plus a fill-and-drain cost per round
+  of resident tiles; DRAM traffic at the HBM ceiling bounds the whole; spills multiply it.
+
+The constants are physical guesses of the right order (named in `Constants`); they were set
+on the development problems listed in `bench/search.py` and on no others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims
+from tilepilot.experiments import Config, Problem
+
+ALIASES = {
+    "bm": ("BLOCK_SIZE_M", "BLOCK_M"),
+    "bn": ("BLOCK_SIZE_N", "BLOCK_N"),
+    "bk": ("BLOCK_SIZE_K", "BLOCK_K"),
+    "warps": ("num_warps",),
+    "stages": ("num_stages",),
+}
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The model's free constants (units in the names)."""
+
+    mma_half_area: float = 4096.0  # per-warpgroup tile area (elements) at which the MMA rate halves
+    reg_overhead: float = 40.0  # registers per thread besides the accumulator and tile pointers
+    regs_per_vector: float = 2.0  # registers per 16-byte load a thread issues per stage (a pointer)
+    l2_gbps: float = 9000.0  # operand bandwidth of L2 to all SMs together
+    sm_gbps: float = 120.0  # operand bandwidth one SM can take
+    latency_us: float = 0.9  # memory latency the pipeline must cover
+    fill_us: float = 1.0  # fill and drain of one round of resident tiles (prologue, epilogue)
+    launch_us: float = 3.0  # fixed cost of a launch as CUDA events see it
+    spill_cost: float = 6.0  # time multiplier per fraction of 255 registers spilled
+    dram_refetch: float = 1.0  # scale of the wave-by-wave DRAM traffic estimate
+
+
+DEFAULT_CONSTANTS = Constants()
+
+
+@dataclass(frozen=True)
+class Tile:
+    bm: int
+    bn: int
+    bk: int
+    warps: int
+    stages: int
+
+    def label(self) -> str:
+        return f"{self.bm}×{self.bn}×{self.bk}"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    tile: Tile
+    shared_bytes: int
+    acc_regs: float  # fp32 accumulator values per thread
+    regs: float  # estimated registers per thread, before spilling
+    spilled_regs: float
+    blocks_per_sm: int  # 0: cannot launch
+    tiles: int
+    waves: float
+    waste: float  # fraction of the MMA work spent on padding
+    compute_us: float  # busiest SM at its tensor-core rate
+    feed_us: float  # busiest SM at its operand feed rate
+    dram_us: float
+    predicted_ms: float
+    limit: str  # what bounds the prediction: compute | feed | dram | launch | resources
+
+    @property
+    def launches(self) -> bool:
+        return self.blocks_per_sm > 0
+
+
+def tile_of(config: Config) -> Tile | None:
+    """The tile parameters of a config, or None when the space has no tile model."""
+    values: dict[str, int] = {}
+    for field, names in ALIASES.items():
+        for name in names:
+            v = config.get(name)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                values[field] = v
+                break
+        else:
+            return None
+    return Tile(**values)
+
+
+def has_model(problem: Problem, config: Config) -> bool:
+    return gemm_dims(problem) is not None and tile_of(config) is not None
+
+
+def estimate(problem: Problem, config: Config, device: Device = H100_SXM,
+             k: Constants = DEFAULT_CONSTANTS) -> Estimate:
+    """The model's view of one config. Raises ValueError when the problem or config has no model."""
+    dims, tile = gemm_dims(problem), tile_of(config)
+    if dims is None or tile is None:
+        raise ValueError(f"no tile model for {problem.label()} / {config.label()}")
+    m, n, kk, size = dims
+    t = tile
+    shared = t.stages * (t.bm + t.bn) * t.bk * size
+    threads = 32 * t.warps
+    acc = t.bm * t.bn / threads
+    vectors = (t.bm * t.bk + t.bk * t.bn) * size / 16 / threads
+    regs = acc + k.reg_overhead + k.regs_per_vector * vectors
+    spilled = max(0.0, regs - device.max_regs_per_thread)
+    bps = _blocks_per_sm(shared, min(regs, device.max_regs_per_thread), t.warps, device)
+    tm, tn, iters = math.ceil(m / t.bm), math.ceil(n / t.bn), math.ceil(kk / t.bk)
+    tiles = tm * tn
+    waste = 1.0 - (m * n * kk) / (tm * t.bm * tn * t.bn * iters * t.bk)
+    if bps == 0:
+        return Estimate(t, shared, acc, regs, spilled, 0, tiles, math.inf, waste, math.inf, math.inf,
+                        math.inf, math.inf, "resources")
+    per_sm = math.ceil(tiles / device.sms)
+    active = min(tiles, device.sms)
+    waves = tiles / (device.sms * bps)
+    area = t.bm * t.bn / max(1, t.warps // 4)  # per warpgroup
+    rate = device.peak_tflops * 1e12 / device.sms * area / (area + k.mma_half_area)  # FLOP/s per SM
+    compute_us = per_sm * 2.0 * t.bm * t.bn * t.bk * iters / rate * 1e6
+    stage_bytes = (t.bm + t.bn) * t.bk * size
+    in_flight = max(1, t.stages - 1) * stage_bytes * min(bps, per_sm)
+    sm_gbps = min(k.sm_gbps, k.l2_gbps / active, in_flight / (k.latency_us * 1e3))
+    feed_us = per_sm * stage_bytes * iters / (sm_gbps * 1e3)
+    rounds = math.ceil(per_sm / bps)
+    sm_us = max(compute_us, feed_us) + rounds * k.fill_us
+    dram_us = _dram_bytes(m, n, kk, size, t, tm, tn, bps, device) * k.dram_refetch / (device.hbm_gbps * 1e3)
+    body_us = max(sm_us, dram_us)
+    limit = "dram" if dram_us > sm_us else ("compute" if compute_us >= feed_us else "feed")
+    if body_us < k.launch_us:
+        limit = "launch"
+    total_us = (body_us + k.launch_us) * (1.0 + k.spill_cost * spilled / device.max_regs_per_thread)
+    return Estimate(t, shared, acc, regs, spilled, bps, tiles, waves, waste, compute_us, feed_us, dram_us,
+                    total_us * 1e-3, limit)
+
+
+def _blocks_per_sm(shared: int, regs: float, warps: int, device: Device) -> int:
+    if shared > device.smem_per_block:
+        return 0
+    by_smem = device.smem_per_sm // (shared + 1024)  # the runtime reserves 1 KiB per block
+    regs_alloc = 8 * math.ceil(regs / 8)
+    by_regs = device.regs_per_sm // (regs_alloc * 32 * warps)
+    by_warps = device.max_warps_per_sm // warps
+    return int(min(by_smem, by_regs, by_warps, device.max_blocks_per_sm))
+
+
+def _dram_bytes(m: int, n: int, k: int, size: int, t: Tile, tm: int, tn: int, bps: int, device: Device) -> float:
+    """DRAM traffic: the operands once, or more when the resident tiles' panels do not stay in L2.
+
+    Resident tiles cover `rows` tile-rows (the grouped order walks 8 at a time) and as many
+    tile-columns as fit; each round reads their A and B panels, and L2 keeps the rest.
+    """
+    unique = float((m * k + k * n + m * n) * size)
+    resident = min(tm * tn, device.sms * bps)
+    rows = min(tm, 8, resident)
+    cols = min(tn, math.ceil(resident / rows))
+    per_round = k * size * (rows * t.bm + cols * t.bn)
+    rounds = math.ceil(tm * tn / resident)
+    if (m * k + k * n) * size <= device.l2_bytes // 2:
+        return unique
+    return max(unique, rounds * per_round + m * n * size)
