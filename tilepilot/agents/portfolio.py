@@ -50,7 +50,7 @@ class Member:
 
 
 @dataclass
-class Settings:
+class PortfolioSettings:
     members: tuple[str, ...] = DEFAULT_MEMBERS
     floor: float = 0.1  # least share of all slots each member receives
     explore: float = 0.3  # weight of the UCB exploration term
@@ -60,9 +60,9 @@ class Settings:
 class PortfolioProposer(Proposer):
     name = "portfolio"
 
-    def __init__(self, ctx: ProposerContext, settings: Settings | None = None) -> None:
+    def __init__(self, ctx: ProposerContext, settings: PortfolioSettings | None = None) -> None:
         super().__init__(ctx)
-        self.settings = settings or Settings()
+        self.settings = settings or PortfolioSettings()
         names = self.settings.members
         if not names or len(set(names)) != len(names) or self.name in names:
             raise InputError(f"portfolio members {names!r} must be distinct proposers other than 'portfolio'")

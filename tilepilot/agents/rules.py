@@ -40,8 +40,9 @@ FAILED_REGION_PENALTY = math.log(4.0)  # added to the log-prediction of a config
 
 @dataclass(frozen=True)
 class RulesSettings:
-    kappa: float = 0.5  # lower confidence bound: corrected log-prediction - kappa * std
-    signal_var: float = 0.04  # prior variance of the model's log-error between configs
+    kappa: float = 1.0  # lower confidence bound: corrected log-prediction - kappa * std
+    signal_var: float = 0.1  # prior variance of the model's log-error between configs
+    offset_var: float = 0.1  # prior variance of the model's log-error common to the problem
     noise_var: float = 0.02**2
     lengthscales: dict[str, float] = field(default_factory=lambda: {
         "BLOCK_SIZE_M": 0.8, "BLOCK_M": 0.8, "BLOCK_SIZE_N": 0.8, "BLOCK_N": 0.8,
@@ -172,7 +173,7 @@ class RulesProposer(Proposer):
     def _gp_settings(self) -> GpSettings:
         s = self.settings
         return GpSettings(lengthscales=(1.0,) * len(self.ctx.space.params), signal_var=s.signal_var,
-                          noise_var=s.noise_var)
+                          offset_var=s.offset_var, noise_var=s.noise_var)
 
     # ---- failures ------------------------------------------------------------------
     def _learn_failure(self, r: Result) -> None:

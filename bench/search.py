@@ -1,0 +1,364 @@
+"""Search efficiency of the proposers on recorded data: how few measurements reach the optimum.
+
+    python bench/search.py --dataset data/replay/matmul-h100.jsonl --out bench/results/search-h100.json \\
+        [--proposers random,grid,optuna,rules,portfolio] [--seeds 10] [--jobs 2]
+
+Method. Every (proposer, problem, seed) is a fresh campaign of one problem on the replay
+backend, driven in process by `drive` below: the driver's loop without the store and queue
+(propose a batch of 4 against a `SearchState`, mark it pending, settle configs that break the
+space's constraints as `invalid` for free, answer the others from the dataset, hand each
+result to `observe` one at a time as the driver does, count distinct configs measured). The
+space of a problem is exactly its recorded configs (`ReplayDataset.space`), as in `tilepilot
+tune --backend replay`.
+
+Measures, for each proposer (the budget is the campaign's budget, so Optuna's startup size
+follows it as it would in a real campaign):
+- `to_2pct`: distinct configs measured until the best is within 2% of the dataset optimum,
+  in a campaign whose budget is the whole recorded grid (median over seeds per problem,
+  then the median and the worst over problems);
+- `regret@B`: best found / optimum - 1 after a campaign of budget B = 5%, 10%, 20% of the
+  grid (8, 16, 32 of 162): mean over seeds and problems, median over problems, worst problem
+  (its mean over seeds), worst single run, problems within 2% in every seed.
+Baseline `fixed-list`: for each problem, the best fixed list of B configs chosen greedily on
+the OTHER problems (leave one problem out): each step adds the config that most lowers the
+worst regret of the list on the training problems, then the mean. Deterministic.
+
+Held out. The `rules` model's constants (agents/tile_model.py, agents/roofline.py, the GP
+settings in agents/rules.py) were developed on DEV_PROBLEMS only; the headline numbers are
+over the other problems of the dataset ("held-out"), and numbers over all problems are
+reported beside them. Nothing is fitted on the dataset by this script except the fixed-list
+baseline, which is fitted leave-one-problem-out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tilepilot.agents.base import ProposerContext, SearchState
+from tilepilot.agents.registry import get_proposer
+from tilepilot.experiments import Config, Problem, Result, Status
+from tilepilot.kernels import get_family
+from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
+
+log = logging.getLogger("search")
+KERNEL = "matmul"
+BATCH = 4
+TOLERANCE = 0.02
+PROPOSERS = ("random", "grid", "optuna", "rules", "portfolio")
+BUDGET_FRACTIONS = (0.05, 0.10, 0.20)
+# The problems the rules model's constants were developed on (labels as Problem.label()).
+DEV_PROBLEMS = (
+    "M=4096 N=4096 K=4096 dtype=bf16",
+    "M=64 N=4096 K=4096 dtype=bf16",
+    "M=16384 N=1024 K=1024 dtype=bf16",
+    "M=1 N=4096 K=4096 dtype=bf16",
+)
+
+
+# ---- the loop ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Trace:
+    """The measured configs of one campaign in the order they were counted, with their times."""
+
+    configs: tuple[Config, ...]
+    times_ms: tuple[float | None, ...]  # None: the config did not give a timing
+
+
+def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, budget: int) -> Trace:
+    """One campaign of one problem, in process (the driver's propose/observe cycle, see the docstring)."""
+    family = get_family(KERNEL)
+    space = dataset.space(family, problem)
+    p = get_proposer(proposer)(ProposerContext(KERNEL, problem, space, seed, budget))
+    state = SearchState()
+    configs: list[Config] = []
+    times: list[float | None] = []
+    try:
+        while len(configs) < budget:
+            batch = p.propose(state, min(BATCH, budget - len(configs)))
+            if not batch:
+                break
+            for cand in batch:
+                if cand.config in state.seen:
+                    raise RuntimeError(f"{proposer} proposed a seen config {cand.config.label()}")
+                state.pending.add(cand.config)
+            for cand in batch:
+                reason = space.check(cand.config, problem)
+                result = (Result(problem, cand.config, Status.INVALID, dataset.result(problem, cand.config).env,
+                                 message=reason) if reason else dataset.result(problem, cand.config))
+                state.pending.discard(cand.config)
+                state.results[cand.config] = result
+                p.observe([result])
+                if result.status.counts_against_budget:
+                    configs.append(cand.config)
+                    times.append(result.median_ms)
+    finally:
+        p.close()
+    return Trace(tuple(configs), tuple(times))
+
+
+def best_after(trace: Trace, n: int) -> float:
+    ok = [t for t in trace.times_ms[:n] if t is not None]
+    return min(ok) if ok else math.inf
+
+
+def configs_to_reach(trace: Trace, target_ms: float) -> float:
+    """Distinct configs measured until one is within the target; inf if never."""
+    for i, t in enumerate(trace.times_ms, start=1):
+        if t is not None and t <= target_ms:
+            return float(i)
+    return math.inf
+
+
+# ---- the fixed-list baseline ---------------------------------------------------------------------
+def regret_table(dataset: ReplayDataset, problems: Sequence[Problem]) -> dict[Problem, dict[Config, float]]:
+    """Regret of every config that ran, per problem."""
+    out: dict[Problem, dict[Config, float]] = {}
+    for p in problems:
+        opt = dataset.optimum_ms(p)
+        assert opt is not None
+        out[p] = {c: r.median_ms / opt - 1.0 for c, r in dataset.records(p).items() if r.median_ms is not None}
+    return out
+
+
+def greedy_list(table: dict[Problem, dict[Config, float]], size: int) -> list[Config]:
+    """Configs added one at a time, each lowering (worst, mean) regret over the problems the most."""
+    configs = sorted({c for regrets in table.values() for c in regrets}, key=Config.key)
+    chosen: list[Config] = []
+    best = {p: math.inf for p in table}
+    for _ in range(min(size, len(configs))):
+        pick = min((c for c in configs if c not in chosen), key=lambda c, best=best: _list_score(table, best, c))
+        chosen.append(pick)
+        best = {p: min(best[p], table[p].get(pick, math.inf)) for p in table}
+    return chosen
+
+
+def _list_score(table: dict[Problem, dict[Config, float]], best: dict[Problem, float],
+                c: Config) -> tuple[float, float]:
+    after = [min(best[p], table[p].get(c, math.inf)) for p in table]
+    return max(after), sum(after) / len(after)
+
+
+def fixed_list_regret(dataset: ReplayDataset, problem: Problem, size: int) -> tuple[float, list[Config]]:
+    others = [p for p in dataset.problems if p != problem]
+    chosen = greedy_list(regret_table(dataset, others), size)
+    opt = dataset.optimum_ms(problem)
+    assert opt is not None
+    times = [r.median_ms for c in chosen if (r := dataset.records(problem).get(c)) and r.median_ms is not None]
+    return (min(times) / opt - 1.0 if times else math.inf), chosen
+
+
+# ---- tasks ---------------------------------------------------------------------------------------
+_DATASET: ReplayDataset | None = None
+
+
+def _init(path: str) -> None:
+    global _DATASET
+    logging.basicConfig(level=logging.WARNING)
+    _DATASET = load_dataset(path, get_family(KERNEL))
+
+
+def _task(args: tuple[str, str, int, int]) -> tuple[str, str, int, int, list[float | None], float]:
+    proposer, problem_key, seed, budget = args
+    assert _DATASET is not None
+    problem = next(p for p in _DATASET.problems if p.key() == problem_key)
+    t0 = time.perf_counter()
+    trace = drive(_DATASET, problem, proposer, seed, budget)
+    return proposer, problem_key, seed, budget, list(trace.times_ms), time.perf_counter() - t0
+
+
+# ---- aggregation ---------------------------------------------------------------------------------
+def summarise_regret(per_problem: dict[str, list[float]], held_out: Sequence[str]) -> dict[str, Any]:
+    """per_problem: problem label -> regret of each seed."""
+    rows = {k: v for k, v in per_problem.items() if k in held_out}
+    if not rows:
+        return {}
+    means = [statistics.fmean(v) for v in rows.values()]
+    everything = [x for v in rows.values() for x in v]
+    return {
+        "mean": statistics.fmean(everything),
+        "median_problem": statistics.median(means),
+        "worst_problem_mean": max(means),
+        "worst_run": max(everything),
+        "problems_within_2pct_every_seed": sum(max(v) <= TOLERANCE for v in rows.values()),
+        "problems": len(rows),
+    }
+
+
+def summarise_reach(per_problem: dict[str, list[float]], held_out: Sequence[str]) -> dict[str, Any]:
+    rows = {k: v for k, v in per_problem.items() if k in held_out}
+    if not rows:
+        return {}
+    medians = [statistics.median(v) for v in rows.values()]
+    return {"median": statistics.median(medians), "worst_problem": max(medians),
+            "mean": statistics.fmean(medians), "problems": len(rows)}
+
+
+def dataset_info(dataset: ReplayDataset) -> dict[str, Any]:
+    first = next(iter(dataset.records(dataset.problems[0]).values()))
+    recorded = sorted({r.env.device for p in dataset.problems for r in dataset.records(p).values()})
+    problems = {}
+    for p in dataset.problems:
+        recs = dataset.records(p)
+        opt = dataset.optimum_ms(p)
+        ok = [r for r in recs.values() if r.median_ms is not None]
+        base = dataset.baseline(p)
+        problems[p.label()] = {
+            "configs": len(recs), "ok": len(ok), "optimum_ms": opt,
+            "within_2pct": sum(1 for r in ok if opt and r.median_ms and r.median_ms <= opt * (1 + TOLERANCE)),
+            "statuses": dict(sorted(_count(str(r.status) for r in recs.values()).items())),
+            "baseline": {"name": base[0], "median_ms": base[1].median_ms} if base else None,
+            "dev": p.label() in DEV_PROBLEMS,
+        }
+    return {"path": str(dataset.path), "identity": dataset.identity, "devices": recorded,
+            "torch": first.env.torch, "triton": first.env.triton, "driver": first.env.driver,
+            "problems": problems}
+
+
+def _count(items: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+def table(result: dict[str, Any], scope: str) -> str:
+    budgets = result["budgets"]
+    head = (f"{'proposer':<11} {'to 2% med':>9} {'worst':>6} "
+            + " ".join(f"{'reg@' + str(b) + ' mean':>12} {'med':>6} {'worst':>6}" for b in budgets))
+    lines = [f"[{scope}]", head]
+    for name, row in result["proposers"].items():
+        reach = row["to_2pct"].get(scope, {})
+        cells = [f"{name:<11}", f"{_fmt(reach.get('median')):>9}", f"{_fmt(reach.get('worst_problem')):>6}"]
+        for b in budgets:
+            r = row["regret"].get(str(b), {}).get(scope, {})
+            cells += [f"{_pct(r.get('mean')):>12}", f"{_pct(r.get('median_problem')):>6}",
+                      f"{_pct(r.get('worst_problem_mean')):>6}"]
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else ("never" if math.isinf(x) else f"{x:g}")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else ("inf" if math.isinf(x) else f"{100 * x:.2f}%")
+
+
+# ---- main ----------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    dataset = load_dataset(args.dataset, get_family(KERNEL))
+    problems = dataset.problems
+    labels = [p.label() for p in problems]
+    held_out = [lb for lb in labels if lb not in DEV_PROBLEMS]
+    grid = max(len(dataset.records(p)) for p in problems)
+    budgets = [max(1, round(f * grid)) for f in BUDGET_FRACTIONS]
+    proposers = [s for s in args.proposers.split(",") if s]
+    seeds = list(range(args.seeds))
+    tasks = [(name, p.key(), s, b) for name in proposers for p in problems for s in seeds
+             for b in ([*budgets, len(dataset.records(p))] if name != "grid" or s == 0 else [])]
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset),)) as pool:
+        done = pool.map(_task, tasks, chunksize=1)
+    wall = time.perf_counter() - t0
+    by_key = {p.key(): p for p in problems}
+    out: dict[str, Any] = {}
+    for name in proposers:
+        reach: dict[str, list[float]] = {}
+        regret: dict[int, dict[str, list[float]]] = {b: {} for b in budgets}
+        cpu = 0.0
+        for prop, key, _seed, budget, times, secs in done:
+            if prop != name:
+                continue
+            cpu += secs
+            p = by_key[key]
+            opt = dataset.optimum_ms(p) or math.inf
+            trace = Trace((), tuple(times))
+            if budget == len(dataset.records(p)):
+                reach.setdefault(p.label(), []).append(configs_to_reach(trace, opt * (1 + TOLERANCE)))
+            if budget in regret:
+                regret[budget].setdefault(p.label(), []).append(best_after(trace, budget) / opt - 1.0)
+        out[name] = {
+            "seeds": 1 if name == "grid" else len(seeds),
+            "to_2pct": {"held_out": summarise_reach(reach, held_out), "all": summarise_reach(reach, labels),
+                        "per_problem": {k: statistics.median(v) for k, v in reach.items()}},
+            "regret": {str(b): {"held_out": summarise_regret(regret[b], held_out),
+                                "all": summarise_regret(regret[b], labels),
+                                "per_problem": {k: statistics.fmean(v) for k, v in regret[b].items()}}
+                       for b in budgets},
+            "cpu_s": round(cpu, 1),
+        }
+    out["fixed-list"] = fixed_list_summary(dataset, budgets, held_out, labels)
+    return {
+        "command": " ".join(sys.argv),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "dataset": dataset_info(dataset),
+        "method": __doc__.split("Method. ")[1].split("\n\nHeld out.")[0].replace("\n", " "),
+        "dev_problems": list(DEV_PROBLEMS),
+        "held_out_problems": held_out,
+        "grid": grid, "budgets": budgets, "batch": BATCH, "tolerance": TOLERANCE, "seeds": seeds,
+        "proposers": out,
+        "wall_s": round(wall, 1),
+    }
+
+
+def fixed_list_summary(dataset: ReplayDataset, budgets: Sequence[int], held_out: Sequence[str],
+                       labels: Sequence[str]) -> dict[str, Any]:
+    regret: dict[str, dict[str, Any]] = {}
+    lists: dict[str, dict[str, list[str]]] = {}
+    for b in budgets:
+        per = {}
+        for p in dataset.problems:
+            r, chosen = fixed_list_regret(dataset, p, b)
+            per[p.label()] = [r]
+            lists.setdefault(str(b), {})[p.label()] = [c.label() for c in chosen]
+        regret[str(b)] = {"held_out": summarise_regret(per, held_out), "all": summarise_regret(per, labels),
+                          "per_problem": {k: v[0] for k, v in per.items()}}
+    return {"seeds": 1, "to_2pct": {}, "regret": regret, "lists": lists}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="data/replay/matmul-h100.jsonl")
+    p.add_argument("--out", default="bench/results/search-h100.json")
+    p.add_argument("--proposers", default=",".join(PROPOSERS))
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--jobs", type=int, default=2)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    result = run(args)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(_finite(result), indent=1) + "\n")
+    for scope in ("held_out", "all"):
+        sys.stdout.write(table(result, scope) + "\n\n")
+    log.info("wrote %s (%.0f s)", args.out, result["wall_s"])
+    return 0
+
+
+def _finite(x: Any) -> Any:
+    """JSON has no infinity: a proposer that never reached the target is written as "never"."""
+    if isinstance(x, float) and math.isinf(x):
+        return "never"
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

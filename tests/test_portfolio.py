@@ -1,0 +1,129 @@
+"""The portfolio proposer: credit, the floor, determinism, no duplicates, everyone observes.
+
+The objective is synthetic (tests/proposer_toys.py and functions in this file); nothing here
+is a measurement.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.proposer_toys import PROBLEM, TINY_SPACE, TOY_SPACE, context, drive, evaluate, ok_result
+from tilepilot.agents.base import SearchState
+from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
+from tilepilot.experiments import Config, InputError, Result
+
+
+def portfolio(members: tuple[str, ...], seed: int = 0, budget: int = 40, **kw: object) -> PortfolioProposer:
+    return PortfolioProposer(context(seed=seed, budget=budget), PortfolioSettings(members=members, **kw))  # type: ignore[arg-type]
+
+
+def member_of(rationale: str) -> str:
+    return rationale.removeprefix("portfolio via ").split(",", 1)[0]
+
+
+def test_an_improving_member_is_credited_and_gets_more_slots() -> None:
+    p = portfolio(("grid", "random"), floor=0.0)
+    first = p.propose(SearchState(), 4)
+    owners = {c.config: member_of(c.rationale) for c in first}
+    assert set(owners.values()) == {"grid", "random"}
+    # SYNTHETIC answers: random's configs each beat the best so far, grid's are slow.
+    state = SearchState()
+    ms = 10.0
+    for cand in first:
+        if owners[cand.config] == "random":
+            ms *= 0.5
+            r = ok_result(cand.config, ms=ms)
+        else:
+            r = ok_result(cand.config, ms=100.0)
+        state.results[cand.config] = r
+        p.observe([r])
+    by_name = {m.name: m for m in p.members}
+    n_random = sum(v == "random" for v in owners.values())
+    assert by_name["random"].improvements == n_random - (owners[first[0].config] == "random")
+    assert by_name["grid"].improvements == 0
+    nxt = p.propose(state, 4)
+    assert sum(member_of(c.rationale) == "random" for c in nxt) >= 3
+    assert f"({by_name['random'].improvements} improvements in {n_random})" in nxt[0].rationale
+
+
+def test_the_floor_keeps_a_member_that_never_improves() -> None:
+    p = portfolio(("grid", "random"), floor=0.25)
+
+    def answer(c: Config) -> Result:  # SYNTHETIC: grid's choices never beat anything
+        return ok_result(c, ms=1000.0 - len(state_configs)) if c in from_random else ok_result(c, ms=2000.0)
+
+    state_configs: list[Config] = []
+    from_random: set[Config] = set()
+    state = SearchState()
+    while len(state_configs) < 40:
+        batch = p.propose(state, 4)
+        for c in batch:
+            if member_of(c.rationale) == "random":
+                from_random.add(c.config)
+        for c in batch:
+            r = answer(c.config)
+            state_configs.append(c.config)
+            state.results[c.config] = r
+            p.observe([r])
+    grid = next(m for m in p.members if m.name == "grid")
+    assert grid.improvements == 0
+    assert grid.given >= 0.25 * 40 - 1
+    assert grid.given < 20
+
+
+def test_same_seed_same_split_and_configs() -> None:
+    runs = []
+    for _ in range(2):
+        p = portfolio(("rules", "optuna", "random"), seed=3)
+        state = drive(p, budget=12)
+        runs.append(list(state.results))
+        p.close()
+    assert runs[0] == runs[1]
+    other = portfolio(("rules", "optuna", "random"), seed=4)
+    assert list(drive(other, budget=12).results) != runs[0]
+
+
+def test_members_never_duplicate_each_other() -> None:
+    # Without a tile model both members start in space order: the same first config.
+    p = PortfolioProposer(context(space=TINY_SPACE, budget=3), PortfolioSettings(members=("grid", "rules")))
+    batch = p.propose(SearchState(), 3)
+    configs = [c.config for c in batch]
+    assert len(configs) == len(set(configs)) == 3
+    assert {member_of(c.rationale) for c in batch} == {"grid", "rules"}
+    state = SearchState(results={c: evaluate(TINY_SPACE, c) for c in configs})
+    assert p.propose(state, 3) == []
+
+
+def test_every_member_observes_every_result() -> None:
+    p = portfolio(("rules", "optuna"))
+    state = drive(p, budget=12)
+    rules, optuna = (m.proposer for m in p.members)
+    assert set(rules._results) == set(state.results)  # type: ignore[attr-defined]
+    told = [t for t in optuna.study.trials if t.state.is_finished()]  # type: ignore[attr-defined]
+    assert len(told) >= len(state.results)
+    p.close()
+
+
+def test_rationale_says_who_and_how_the_round_was_split() -> None:
+    p = portfolio(("rules", "optuna", "random"))
+    batch = p.propose(SearchState(), 4)
+    for c in batch:
+        assert c.proposer == "portfolio"
+        assert c.rationale.startswith("portfolio via ")
+        assert "4 slots: " in c.rationale and "to rules (0 improvements in 0)" in c.rationale
+    rules_cands = [c for c in batch if member_of(c.rationale) == "rules"]
+    assert rules_cands and all(c.predicted_ms is not None for c in rules_cands)
+
+
+@pytest.mark.parametrize("members", [(), ("rules", "rules"), ("portfolio",), ("nope",)])
+def test_bad_members_are_refused(members: tuple[str, ...]) -> None:
+    with pytest.raises(InputError):
+        PortfolioProposer(context(space=TOY_SPACE), PortfolioSettings(members=members))
+
+
+def test_results_of_other_problems_are_refused() -> None:
+    p = portfolio(("random",))
+    other = PROBLEM.of({**PROBLEM.as_dict(), "M": 64})
+    with pytest.raises(ValueError, match="given to the proposer of"):
+        p.observe([ok_result(TOY_SPACE.valid(PROBLEM)[0], problem=other)])

@@ -1,0 +1,136 @@
+"""The rules proposer: its resource model, roofline, explanations and how measurements move it.
+
+Timings here are SYNTHETIC (functions of the config written in this file); nothing is measured.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tests.proposer_toys import ENV, drive
+from tilepilot.agents.base import ProposerContext, SearchState
+from tilepilot.agents.roofline import H100_SXM, problem_roofline
+from tilepilot.agents.rules import RulesProposer
+from tilepilot.agents.tile_model import estimate
+from tilepilot.experiments import Config, Param, Problem, Result, SearchSpace, Status, Timing
+from tilepilot.kernels.matmul import pipelined_shared_bytes
+
+SQUARE = Problem.of({"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"})
+SKINNY = Problem.of({"M": 16, "N": 4096, "K": 4096, "dtype": "bf16"})
+# The recorded grid's parameters, with no shared-memory constraint: the model must keep out
+# the configs whose pipelined tiles do not fit by itself.
+UNCHECKED = SearchSpace((
+    Param("BLOCK_SIZE_M", (64, 128, 256)),
+    Param("BLOCK_SIZE_N", (64, 128, 256)),
+    Param("BLOCK_SIZE_K", (32, 64, 128)),
+    Param("GROUP_SIZE_M", (8,)),
+    Param("num_warps", (4, 8)),
+    Param("num_stages", (3, 4, 5)),
+))
+
+
+def cfg(bm: int, bn: int, bk: int, warps: int, stages: int) -> Config:
+    return Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
+                      "num_warps": warps, "num_stages": stages})
+
+
+def rules(problem: Problem = SQUARE, budget: int = 200) -> RulesProposer:
+    return RulesProposer(ProposerContext("matmul", problem, UNCHECKED, seed=0, budget=budget))
+
+
+def timed(problem: Problem, config: Config, ms: float) -> Result:
+    t = Timing(median_ms=ms, p20_ms=ms, p80_ms=ms, min_ms=ms, reps=1, l2_flushed=True, method="replay")
+    return Result(problem, config, Status.OK, ENV, timing=t)
+
+
+def test_config_whose_pipelined_tiles_exceed_shared_memory_is_never_proposed() -> None:
+    p = rules()
+    state = drive(p, budget=len(list(UNCHECKED)), answer=lambda c: timed(SQUARE, c, 1.0))
+    too_big = [c for c in UNCHECKED if pipelined_shared_bytes(c, SQUARE) > H100_SXM.smem_per_block]
+    assert too_big, "the grid has configs that do not fit"
+    assert not set(too_big) & set(state.results)
+    assert len(state.results) == len(list(UNCHECKED)) - len(too_big), "every config that fits is proposed"
+    assert p.propose(state, 4) == []
+
+
+def test_accumulator_past_the_register_limit_spills_and_is_predicted_slow() -> None:
+    spilling = estimate(SQUARE, cfg(256, 256, 32, 4, 3))
+    assert spilling.acc_regs == 256 * 256 / 128
+    assert spilling.spilled_regs > 0
+    fits = estimate(SQUARE, cfg(128, 128, 32, 4, 3))
+    assert fits.acc_regs == 128 and fits.spilled_regs == 0
+    assert spilling.predicted_ms > 2 * fits.predicted_ms
+    assert "spill" in RulesProposer(ProposerContext("matmul", SQUARE, UNCHECKED, 0, 8))._why(
+        cfg(256, 256, 32, 4, 3), 1.0, 0.1, None, 0)
+
+
+def test_roofline_calls_a_skinny_problem_memory_bound_and_a_square_one_compute_bound() -> None:
+    skinny, square = problem_roofline(SKINNY), problem_roofline(SQUARE)
+    assert skinny is not None and square is not None
+    assert skinny.bound == "memory" and square.bound == "compute"
+    assert skinny.intensity < skinny.ridge < square.intensity
+    assert "problem memory-bound" in rules(SKINNY).propose(SearchState(), 1)[0].rationale
+    assert "problem compute-bound" in rules(SQUARE).propose(SearchState(), 1)[0].rationale
+
+
+def test_skinny_m_starts_with_the_smallest_block_m() -> None:
+    first = rules(SKINNY).propose(SearchState(), 4)
+    assert {c.config["BLOCK_SIZE_M"] for c in first} == {64}
+
+
+def test_rationale_names_tiles_waves_shared_memory_and_a_hypothesis() -> None:
+    for cand in rules().propose(SearchState(), 4):
+        why = cand.rationale
+        assert "waves on 132 SMs" in why and "stages fit in" in why and "KiB" in why, why
+        assert "hypothesis:" in why and "\n" not in why
+        assert cand.predicted_ms is not None and cand.predicted_ms > 0
+        assert cand.hypothesis_id is None
+
+
+def _model_wrong_about_wide_tiles(p: RulesProposer) -> dict[Config, float]:
+    """SYNTHETIC truth: the model's time, but 3x slower for BLOCK_SIZE_N >= 128 (the model's favourites)."""
+    valid = [c for c in UNCHECKED if (e := p.estimate(c)) is not None and e.launches]
+    return {c: p.prior_ms(c) * (3.0 if int(c["BLOCK_SIZE_N"]) >= 128 else 1.0) for c in valid}
+
+
+def test_measurements_move_the_ranking_when_the_prior_is_wrong() -> None:
+    p = rules()
+    truth = _model_wrong_about_wide_tiles(p)
+    optimum = min(truth.values())
+    prior_order = sorted(truth, key=p.prior_ms)
+    static_rank = next(i for i, c in enumerate(prior_order, start=1) if truth[c] <= optimum * 1.02)
+    assert static_rank > 30, "the case must fool the prior"
+    state = drive(p, budget=16, answer=lambda c: timed(SQUARE, c, truth[c]))
+    best = state.best()
+    assert best is not None and best.median_ms is not None
+    assert best.median_ms <= optimum * 1.02, (best.median_ms, optimum)
+    later = p.propose(state, 4)
+    assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in later)
+    assert all("after 16 measured" in c.rationale for c in later)
+
+
+def test_out_of_resources_ranks_configs_needing_as_much_shared_memory_last() -> None:
+    p = rules()
+    first = p.propose(SearchState(), 1)[0].config
+    cap = pipelined_shared_bytes(first, SQUARE)
+    failed = Result(SQUARE, first, Status.OUT_OF_RESOURCES, ENV, message="synthetic: shared memory")
+    p.observe([failed])
+    state = SearchState(results={first: failed})
+    nxt = p.propose(state, 8)
+    assert all(pipelined_shared_bytes(c.config, SQUARE) < cap for c in nxt)
+
+
+def test_a_space_without_tile_parameters_is_still_searched() -> None:
+    space = SearchSpace((Param("x", (1, 2, 3, 4, 5, 6, 7, 8)),))
+    problem = Problem.of({"n": 1})
+    p = RulesProposer(ProposerContext("toy", problem, space, seed=0, budget=8))
+    first = p.propose(SearchState(), 2)
+    assert all(c.predicted_ms is None and "no tile model" in c.rationale for c in first)
+
+    def answer(c: Config) -> Result:
+        return timed(problem, c, 1.0 + abs(int(c["x"]) - 6))
+
+    state = drive(p, budget=5, answer=answer)
+    best = state.best()
+    assert best is not None and best.config["x"] == 6
+    assert math.isclose(best.median_ms or 0, 1.0)
