@@ -33,6 +33,10 @@ MODULES_ENV = "TILEPILOT_KERNEL_MODULES"
 BUILTINS: dict[str, str] = {
     "matmul": "tilepilot.kernels.matmul:MatmulFamily",
     "matmul_faults": "tilepilot.kernels.faults:MatmulFaultsFamily",
+    "softmax": "tilepilot.kernels.softmax:SoftmaxFamily",
+    "rmsnorm": "tilepilot.kernels.norms:RmsnormFamily",
+    "layernorm": "tilepilot.kernels.norms:LayernormFamily",
+    "silu_mul_fp8_quant": "tilepilot.kernels.fp8_quant:SiluMulFp8QuantFamily",
 }
 
 _lock = threading.RLock()
