@@ -16,7 +16,9 @@ of each problem (torch.matmul, timed the same way) goes to --cublas-out (one JSO
 by problem label). --log gets one entry per invocation (command, device, versions, wall time).
 
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
-interleaved, and checks that both are the same kernel (identical PTX).
+interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`
+re-times 10 recorded configs per problem in a new process and compares medians.
+`--probe-timing FILE` writes timing quantiles per input set, with and without the L2 flush.
 """
 
 from __future__ import annotations
@@ -46,7 +48,10 @@ REQUIRED = ["4096x4096x4096:bf16", "64x4096x4096:bf16", "16384x1024x1024:bf16", 
             "4096x4096x4096:fp16", "2048x8192x2048:fp16", "1x4096x4096:bf16", "16x4096x4096:bf16",
             "128x4096x4096:bf16"]
 EXTRA = ["6144x1536x4096:bf16", "3000x5000x1000:fp16", "8192x8192x8192:bf16", "512x14336x4096:bf16",
-         "1000x3000x2000:bf16", "2048x2048x2048:fp16", "32x8192x8192:bf16", "8192x2048x512:fp16"]
+         "1000x3000x2000:bf16", "2048x2048x2048:fp16", "32x8192x8192:bf16", "8192x2048x512:fp16",
+         "256x4096x4096:bf16", "1024x4096x4096:bf16", "2048x4096x4096:bf16", "4096x4096x1024:bf16",
+         "4x4096x4096:bf16", "8x14336x4096:bf16", "4096x11008x4096:bf16", "2048x2048x8192:bf16",
+         "8192x8192x2048:fp16", "1500x1500x1500:fp16", "768x3072x768:fp16", "16384x16384x256:bf16"]
 
 
 def grid() -> list[Config]:
@@ -285,6 +290,75 @@ def aot_vs_jit(args: argparse.Namespace) -> dict[str, Any]:
             "method": "CUDA events, L2 flushed, 6 interleaved rounds x ~10 ms blocks, 3 repeats"}
 
 
+# ---- how reproducible are the recorded medians? ---------------------------------------------------
+def repeat_check(args: argparse.Namespace) -> dict[str, Any]:
+    """Re-time the 5 fastest and 5 random ok configs of every recorded problem (interleaved, in a
+    new process), and compare each new median with the recorded one."""
+    import random
+
+    from tilepilot.kernels.evaluate import Evaluator
+
+    rows = [json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()]
+    by_problem: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            by_problem.setdefault(Problem.of(r["problem"]).key(), []).append(r)
+    ev = Evaluator("gpu", seed=args.seed + 1, rounds=args.rounds, block_ms=args.block_ms)
+    rng = random.Random(args.seed)
+    out = []
+    for ok in by_problem.values():
+        ok.sort(key=lambda r: r["median_ms"])
+        chosen = ok[:5] + rng.sample(ok[5:], min(5, len(ok) - 5))
+        problem = Problem.of(chosen[0]["problem"])
+        results = ev.evaluate(KERNEL, problem, [Config.of(r["config"]) for r in chosen])
+        ratios = [res.median_ms / r["median_ms"] for res, r in zip(results, chosen, strict=True) if res.median_ms]
+        again_best = min(range(5), key=lambda i: results[i].median_ms or float("inf"))
+        out.append({"problem": problem.label(), "ratios_again_over_recorded": [sig5(x) for x in ratios],
+                    "best_recorded_is_best_again_among_top5": again_best == 0})
+        log.info("%s", out[-1])
+    devs = sorted(abs(x - 1) for o in out for x in o["ratios_again_over_recorded"])
+    return {"rows": out, "median_abs_dev": sig5(devs[len(devs) // 2]),
+            "p90_abs_dev": sig5(devs[int(0.9 * (len(devs) - 1))]), "max_abs_dev": sig5(devs[-1]),
+            "best_stays_best": sum(o["best_recorded_is_best_again_among_top5"] for o in out), "problems": len(out),
+            **ev.environment().as_dict(), "date": dt.date.today().isoformat()}
+
+
+def probe_timing(args: argparse.Namespace) -> dict[str, Any]:
+    """Where do bimodal timings of memory-bound problems come from? Quantiles of single-set blocks,
+    with and without the L2 flush, for cuBLAS and two Triton configs."""
+    import torch
+
+    from tilepilot.kernels import get_family
+    from tilepilot.kernels.evaluate import Evaluator
+    from tilepilot.kernels.timing import GpuTimer, quantile
+
+    family, ev, timer = get_family(KERNEL), Evaluator("gpu"), GpuTimer()
+    target, report = ev.target(), []
+    for spec in ("16x4096x4096:bf16", "64x4096x4096:bf16", "4096x4096x4096:bf16"):
+        problem = parse_problem(spec)
+        sets = [family.make_inputs(problem, s, "cuda") for s in range(3)]
+        out = family.make_output(problem, sets[0])
+        kernels: dict[str, list[Any]] = {"cublas": [family.baseline(problem, x, out) for x in sets]}
+        for c in (Config.of({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 8,
+                             "num_warps": 4, "num_stages": 5}),
+                  Config.of({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
+                             "num_warps": 8, "num_stages": 4})):
+            compiled = family.compile(problem, c, target)
+            kernels[c.label()] = [family.launcher(problem, c, x, out, compiled) for x in sets]
+        for name, launches in kernels.items():
+            for fn in launches:
+                fn()
+            torch.cuda.synchronize()
+            for variant, fns, flush in (("set0", launches[:1], True), ("set1", launches[1:2], True),
+                                        ("set2", launches[2:], True), ("rotating", launches, True),
+                                        ("set0-noflush", launches[:1], False)):
+                s = sorted(x for _ in range(4) for x in timer._block(fns, 50, flush))
+                report.append({"problem": problem.label(), "kernel": name, "variant": variant,
+                               "q10_q50_q90_ms": [sig5(quantile(s, q)) for q in (0.1, 0.5, 0.9)]})
+                log.info("%s", report[-1])
+    return {"rows": report, **ev.environment().as_dict(), "date": dt.date.today().isoformat()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--problems", default="all", help="all | required | comma-separated MxNxK:dtype")
@@ -297,13 +371,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-ms", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--aot-vs-jit", default="", help="write the AOT-vs-JIT check to this file and exit")
+    p.add_argument("--repeat-check", default="", help="re-time recorded configs, write the comparison, exit")
+    p.add_argument("--probe-timing", default="", help="write timing quantiles per input set / flush, exit")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     started = time.monotonic()
-    if args.aot_vs_jit:
-        report = aot_vs_jit(args)
-        Path(args.aot_vs_jit).write_text(json.dumps(report, indent=1) + "\n")
-        return 0
+    for path, step in ((args.aot_vs_jit, aot_vs_jit), (args.repeat_check, repeat_check),
+                       (args.probe_timing, probe_timing)):
+        if path:
+            Path(path).write_text(json.dumps(step(args), indent=1) + "\n")
+            return 0
     summary = record(args)
     entry = {"command": " ".join(["python", "bench/record.py", *(argv or sys.argv[1:])]),
              "date": dt.date.today().isoformat(), "wall_s": round(time.monotonic() - started, 1),

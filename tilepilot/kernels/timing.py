@@ -3,7 +3,8 @@ them alike.
 
 GPU (method "cuda-events"): each kernel is warmed up and its time estimated; then `rounds`
 rounds run, each giving every kernel one block of consecutive launches (A A A, B B B, C C C,
-then again), a block sized to about `block_ms` of kernel time (3 to 100 launches). Each launch
+then again), a block sized to about `block_ms` of kernel time (3 to 100 launches), the
+launches of a block rotating over the input sets. Each launch
 is bracketed by CUDA events; when `flush_l2` is set, a buffer twice the L2's size is zeroed
 before each launch, outside the events. A short spin kernel at the start of each block keeps
 the GPU ahead of the host, so that launch overhead stays outside the events. The device is
@@ -91,8 +92,7 @@ class GpuTimer:
             for j in range(len(launches)):
                 i = (j + r) % len(launches)  # rotate the order, so no kernel always runs first
                 on_start(i)
-                sets = launches[i]
-                samples[i].extend(self._block(sets[r % len(sets)], blocks[i], plan.flush_l2))
+                samples[i].extend(self._block(launches[i], blocks[i], plan.flush_l2, first=r))
         return [summarise(s, l2_flushed=plan.flush_l2, method="cuda-events") for s in samples]
 
     def _estimate(self, index: int, fn: Launch, on_start: OnStart) -> float:
@@ -101,15 +101,17 @@ class GpuTimer:
         for _ in range(WARMUP_LAUNCHES):
             fn()
         torch.cuda.synchronize()
-        return quantile(sorted(self._block(fn, ESTIMATE_LAUNCHES, flush=False)), 0.5)
+        return quantile(sorted(self._block([fn], ESTIMATE_LAUNCHES, flush=False)), 0.5)
 
-    def _block(self, fn: Launch, reps: int, flush: bool) -> list[float]:
+    def _block(self, sets: Sequence[Launch], reps: int, flush: bool, first: int = 0) -> list[float]:
+        """`reps` launches, rotating over the input sets starting at set `first`."""
         torch = self._torch
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(reps)]
         if hasattr(torch.cuda, "_sleep"):
             torch.cuda._sleep(SPIN_CYCLES)
-        for start, end in events:
+        for k, (start, end) in enumerate(events):
+            fn = sets[(first + k) % len(sets)]
             if flush:
                 self._flush_buf.zero_()
             start.record()
