@@ -1,0 +1,173 @@
+"""The compile-ahead pool: CPU processes that fill each node's Triton cache before a GPU needs it.
+
+`CompileWorker` is a Ray actor with one CPU and no visible GPU (Ray no longer blanks
+CUDA_VISIBLE_DEVICES for actors that ask for none: LIBRARIES.md). Like `EvalWorker`, it
+supervises one persistent child process (child.py, role "compile") that imports triton once
+and compiles with `compile_config`. A compile can hang (USERS.md): after `timeout_s` the child
+is killed and replaced, and the compile is `compile_error` "compile timed out". A child that
+dies under a compile is replaced and the compile tried once more; a second death is a
+`compile_error` too. So the ObjectRef that `compile` returns always holds a CompileOutcome.
+
+`CompilePool` starts the actors on every node that has GPUs (every node, on a cluster without
+GPUs), as many per node as the node has CPUs left after its GPU workers' `num_cpus`, and sends
+each compile to every such node, since each node's GPU workers read their own local cache.
+It never sends the same compile twice at once (racing first compiles of one cache key can
+yield a wrong kernel: LIBRARIES.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from tilepilot.experiments import Config, Problem, Status, TilepilotError
+from tilepilot.kernels.base import Target
+from tilepilot.kernels.evaluate import CompileOutcome
+from tilepilot.kernels.registry import get_family
+from tilepilot.orchestrator.child import Child, ChildError, Died, Done, Failed, TimedOut, describe_exit
+from tilepilot.orchestrator.worker import GPU_WORKER_CPUS, STARTUP_TIMEOUT_S
+
+log = logging.getLogger(__name__)
+
+COMPILE_TIMEOUT_S = 120.0
+COMPILE_ENV = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+@dataclass(frozen=True)
+class CompilerInfo:
+    node: str  # Ray node id
+    child_pid: int | None
+    respawns: int  # children replaced after a hang or a death
+
+
+@ray.remote(num_cpus=1, runtime_env={"env_vars": COMPILE_ENV})
+class CompileWorker:
+    def __init__(self, *, timeout_s: float = COMPILE_TIMEOUT_S,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
+        self._timeout_s = timeout_s
+        self._startup_timeout_s = startup_timeout_s
+        self._respawns = 0
+        self._child = Child("compile")
+        self._child.start(startup_timeout_s)
+
+    def info(self) -> CompilerInfo:
+        return CompilerInfo(ray.get_runtime_context().get_node_id(), self._child.pid, self._respawns)
+
+    def compile(self, kernel: str, problem: Problem, config: Config, target: Target) -> CompileOutcome:
+        """Compile into this node's Triton cache. Hangs and deaths come back as compile_error."""
+        deaths: list[int | None] = []
+        while True:
+            reply = self._child.request(("compile", kernel, problem, config, target),
+                                        step_s=self._timeout_s, total_s=self._timeout_s)
+            if isinstance(reply, Done):
+                return reply.payload  # type: ignore[no-any-return]
+            if isinstance(reply, Failed) and isinstance(reply.error, TilepilotError):
+                raise reply.error  # e.g. BackendUnavailable: this Triton cannot compile for the target
+            self._replace(reply)
+            if isinstance(reply, TimedOut):
+                return CompileOutcome(Status.COMPILE_ERROR, f"compile timed out after {self._timeout_s:g} s "
+                                      "(the compiler process was killed)", reply.waited_s * 1e3, None)
+            if not isinstance(reply, Died):
+                raise reply.error if isinstance(reply, Failed) else ChildError(f"unexpected reply {reply}")
+            deaths.append(reply.exitcode)
+            if len(deaths) == 2:
+                codes = ", then ".join(describe_exit(c) for c in deaths)
+                return CompileOutcome(Status.COMPILE_ERROR,
+                                      f"the compiler process died twice compiling this config ({codes})", 0.0, None)
+
+    def _replace(self, reply: Any) -> None:
+        old = self._child.pid
+        self._child.kill()
+        self._child = Child("compile")
+        self._child.start(self._startup_timeout_s)
+        self._respawns += 1
+        log.warning("compiler child %s replaced by %s after %s", old, self._child.pid, reply)
+
+
+@ray.remote(num_cpus=0)
+def _first_of(*outcomes: CompileOutcome) -> CompileOutcome:
+    """Ready once every node has compiled; the outcome is the same on each."""
+    return outcomes[0]
+
+
+class CompilePool:
+    """The driver's handle on the compile workers. Not thread-safe: one driver thread uses it.
+
+    `per_node`: compile workers per node (default: the node's CPUs minus `gpu_worker_cpus`
+    for each of its GPUs; at least one, which then takes no CPU of its own). `env`: extra
+    environment of the compile processes (e.g. TRITON_CACHE_DIR, which must be the one the GPU
+    workers read; CUDA_VISIBLE_DEVICES stays empty).
+    """
+
+    def __init__(self, *, per_node: int | None = None, timeout_s: float = COMPILE_TIMEOUT_S,
+                 gpu_worker_cpus: float = GPU_WORKER_CPUS, env: Mapping[str, str] | None = None) -> None:
+        runtime_env = {"env_vars": {**(env or {}), **COMPILE_ENV}}
+        self.workers: dict[str, list[Any]] = {}
+        for node_id, cpus, gpus in _compile_nodes():
+            n = per_node if per_node is not None else int(cpus - gpus * gpu_worker_cpus)
+            options: dict[str, Any] = {"runtime_env": runtime_env,
+                                       "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+            if n < 1:
+                log.warning("node %s has no CPU left for compiling; one compile worker shares its CPUs", node_id)
+                n, options["num_cpus"] = 1, 0
+            self.workers[node_id] = [CompileWorker.options(**options).remote(timeout_s=timeout_s)
+                                     for _ in range(n)]
+        self._load: dict[Any, int] = {w: 0 for ws in self.workers.values() for w in ws}
+        self._inflight: dict[Any, Any] = {}  # actor ref -> its worker
+        self._by_key: dict[tuple[str, ...], tuple[Any, list[Any]]] = {}  # key -> (returned ref, actor refs)
+
+    @property
+    def size(self) -> int:
+        return len(self._load)
+
+    def submit(self, kernel: str, problem: Problem, config: Config, target: Target) -> Any:
+        """Compile on every node of the pool; an ObjectRef to the CompileOutcome, ready when all have.
+
+        A compile already in flight with the same cache key (kernel, specialisation, config,
+        target) is not sent again: its ref is returned.
+        """
+        self._prune()
+        key = (kernel, get_family(kernel).specialisation(problem, config), config.key(), repr(target))
+        if key in self._by_key:
+            return self._by_key[key][0]
+        refs = []
+        for workers in self.workers.values():
+            worker = min(workers, key=lambda w: self._load[w])
+            ref = worker.compile.remote(kernel, problem, config, target)
+            self._load[worker] += 1
+            self._inflight[ref] = worker
+            refs.append(ref)
+        ref = refs[0] if len(refs) == 1 else _first_of.remote(*refs)
+        self._by_key[key] = (ref, refs)
+        return ref
+
+    def close(self) -> None:
+        for worker in self._load:
+            ray.kill(worker)
+        self._load.clear()
+        self._inflight.clear()
+        self._by_key.clear()
+
+    def _prune(self) -> None:
+        """Forget compiles that have finished: their workers are free, their keys may go again."""
+        if not self._inflight:
+            return
+        done, _ = ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0, fetch_local=False)
+        for ref in done:
+            self._load[self._inflight.pop(ref)] -= 1
+        self._by_key = {k: v for k, v in self._by_key.items() if any(r in self._inflight for r in v[1])}
+
+
+def _compile_nodes() -> list[tuple[str, float, float]]:
+    """(node id, CPUs, GPUs) of the alive nodes with GPUs, or of all alive nodes if none has one."""
+    nodes = [(n["NodeID"], float(n["Resources"].get("CPU", 0)), float(n["Resources"].get("GPU", 0)))
+             for n in ray.nodes() if n["Alive"]]
+    with_gpus = [n for n in nodes if n[2] > 0]
+    return with_gpus or [n for n in nodes if n[1] > 0]

@@ -1,0 +1,286 @@
+"""`EvalWorker`: the Ray actor of one GPU (or of one CPU slot, for the interpreter).
+
+It never runs a kernel itself: it supervises one child process (child.py) that holds the CUDA
+context, and turns the ways a child can fail into results (DESIGN.md, "The worker"):
+
+- a sticky CUDA error: that config is `crashed` with the error's message; the child is
+  replaced; the config is not retried; the rest of the batch goes on on the fresh child;
+- the child dies with no error of its own (a segfault, killed): it is replaced and the config
+  that was running is retried once, alone, on the fresh child; a second death is `poison`;
+- no answer in time: the child is killed, the running config is `timeout`, the child is
+  replaced and the batch goes on;
+- out of memory comes back from the evaluator as `oom`.
+
+Timeouts: `timeout_s` is a budget per config. Each step of a request (verifying config i, one
+timed block of config i: the child announces each with ("start", i)) may take `timeout_s`, and
+a request for n configs may take `n * timeout_s` in all. The config of the step that overran is
+the one recorded as `timeout`.
+
+Configs that had not finished when their child failed are sent again, on the fresh child; they
+are not retries (they did nothing wrong). Results of configs that failed this way carry the
+environment the child reported at startup. Whatever else the child raises is a bug: the child
+is replaced and the error raised; a TilepilotError (e.g. bf16 under the interpreter:
+BackendUnavailable) is raised as it is, and the child kept.
+
+The actor is threaded (`max_concurrency`), so that `info` and `sample` answer while a batch
+runs; requests to the child are serialised by a lock. Create it with an explicit `num_cpus`
+(a GPU actor otherwise holds a CPU for its whole life: LIBRARIES.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from tilepilot.experiments import (
+    Config,
+    Environment,
+    GpuSample,
+    InputError,
+    Problem,
+    Result,
+    Status,
+    TilepilotError,
+    Timing,
+)
+from tilepilot.kernels.base import Target
+from tilepilot.kernels.evaluate import Check
+from tilepilot.orchestrator.child import (
+    Child,
+    ChildStartupError,
+    Died,
+    Done,
+    Failed,
+    Reply,
+    Sticky,
+    TimedOut,
+    describe_exit,
+)
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("gpu", "interpret")
+GPU_WORKER_CPUS = 1  # num_cpus of each GPU actor; the compile pool gets the node's other CPUs
+STARTUP_TIMEOUT_S = 300.0
+MAX_CONCURRENCY = 4  # one request to the child at a time, plus info() and sample() beside it
+RECOVERIES_KEPT = 1000
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    worker_id: str
+    node: str  # host name
+    backend: str  # gpu | interpret
+    gpu_uuid: str | None  # "GPU-...", None under the interpreter
+    environment: Environment
+    target: Target | None  # what the compile pool compiles for; None under the interpreter
+    child_pid: int | None
+    respawns: int = 0  # children replaced after a crash, a death or a timeout
+    recover_s: tuple[float, ...] = ()  # seconds from each failure to the fresh child being ready
+
+
+@ray.remote(max_concurrency=MAX_CONCURRENCY)
+class EvalWorker:
+    def __init__(self, backend: str, *, worker_id: str | None = None, input_sets: int = 3, seed: int = 0,
+                 rounds: int = 4, block_ms: float = 10.0, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+        if backend not in BACKENDS:
+            raise InputError(f"unknown worker backend {backend!r} (allowed: {', '.join(BACKENDS)})")
+        self._backend = backend
+        self._options = {"input_sets": input_sets, "seed": seed, "rounds": rounds, "block_ms": block_ms}
+        self._startup_timeout_s = startup_timeout_s
+        self._lock = threading.Lock()
+        self._node = socket.gethostname()
+        self._running = ""  # what the child runs now, for sample()
+        self._respawns = 0
+        self._recover_s: list[float] = []
+        self._child, started = self._spawn()
+        self._env: Environment = started["environment"]
+        self._target: Target | None = started["target"]
+        self._uuid: str | None = started["gpu_uuid"]
+        self._worker_id = worker_id or self._default_id()
+
+    # ---- the actor's methods ------------------------------------------------------------------
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(self._worker_id, self._node, self._backend, self._uuid, self._env, self._target,
+                          self._child.pid, self._respawns, tuple(self._recover_s))
+
+    def evaluate(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float) -> list[Result]:
+        """One Result per config, in order; `timeout_s` per config (see the module docstring)."""
+        with self._lock:
+            return self._batch("evaluate", kernel, problem, list(configs), (), timeout_s)
+
+    def remeasure(self, kernel: str, problem: Problem, configs: Sequence[Config], rounds: int,
+                  timeout_s: float) -> list[Result]:
+        """Time the configs again, interleaved, `rounds` rounds; `timeout_s` per config."""
+        with self._lock:
+            return self._batch("remeasure", kernel, problem, list(configs), (rounds,), timeout_s)
+
+    def recheck(self, kernel: str, problem: Problem, config: Config, timeout_s: float) -> Check:
+        """Verify one config on fresh inputs. A crash, death or timeout is a failed Check."""
+        with self._lock:
+            outcome = self._single(("recheck", kernel, problem, config), timeout_s,
+                                   _describe(kernel, problem, [config]))
+        if isinstance(outcome, Done):
+            return outcome.payload  # type: ignore[no-any-return]
+        status, message = outcome
+        return Check(False, math.nan, f"{status}: {message}")
+
+    def baseline(self, kernel: str, problem: Problem, timeout_s: float) -> Timing | None:
+        """The vendor library's timing (None under the interpreter, or when it fails: logged)."""
+        with self._lock:
+            outcome = self._single(("baseline", kernel, problem), timeout_s,
+                                   lambda i: f"{kernel} {problem.label()} vendor baseline")
+        if isinstance(outcome, Done):
+            return outcome.payload  # type: ignore[no-any-return]
+        log.warning("worker %s: the baseline of %s %s failed (%s: %s)", self._worker_id, kernel,
+                    problem.label(), *outcome)
+        return None
+
+    def sample(self) -> GpuSample | None:
+        """An NVML reading of this worker's GPU, tagged with what it runs now; None without one."""
+        if self._uuid is None:
+            return None
+        from tilepilot.kernels import telemetry
+
+        if not telemetry.nvml_available():
+            return None
+        return telemetry.sample_gpu(self._uuid, self._node, self._worker_id, self._running)
+
+    # ---- batches through child failures -------------------------------------------------------
+    def _batch(self, op: str, kernel: str, problem: Problem, configs: list[Config], extra: tuple[Any, ...],
+               timeout_s: float) -> list[Result]:
+        _check_timeout(timeout_s)
+        results: dict[int, Result] = {}
+        deaths: dict[int, list[int | None]] = {}
+        todo = list(range(len(configs)))
+        while todo:
+            # a config whose child died runs again alone, on the fresh child
+            group = todo[:1] if todo[0] in deaths else todo
+            chosen = [configs[j] for j in group]
+            reply = self._ask((op, kernel, problem, chosen, *extra), timeout_s, len(group),
+                              _describe(kernel, problem, chosen))
+            if isinstance(reply, Done):
+                for j, result in zip(group, reply.payload, strict=True):
+                    results[j] = _after_retry(result, deaths.get(j))
+                todo = [j for j in todo if j not in group]
+                continue
+            culprit = group[_index(reply)]
+            failure = _failure(reply, timeout_s, deaths.setdefault(culprit, []))
+            todo.remove(culprit)
+            if failure is None:
+                todo.insert(0, culprit)
+            else:
+                results[culprit] = Result(problem, configs[culprit], failure[0], self._env, message=failure[1])
+        return [results[j] for j in range(len(configs))]
+
+    def _single(self, message: tuple[Any, ...], timeout_s: float,
+                describe: Callable[[int], str]) -> Done | tuple[Status, str]:
+        """A one-config request, retried once if the child dies under it."""
+        _check_timeout(timeout_s)
+        deaths: list[int | None] = []
+        while True:
+            reply = self._ask(message, timeout_s, 1, describe)
+            if isinstance(reply, Done):
+                return reply
+            failure = _failure(reply, timeout_s, deaths)
+            if failure is not None:
+                return failure
+
+    def _ask(self, message: tuple[Any, ...], timeout_s: float, n: int, describe: Callable[[int], str]) -> Reply:
+        """One request to the child; replaces the child after anything but a clean answer."""
+        def started(i: int) -> None:
+            self._running = describe(i)
+
+        try:
+            reply = self._child.request(message, step_s=timeout_s, total_s=timeout_s * n, on_start=started)
+        finally:
+            self._running = ""
+        if isinstance(reply, Failed):
+            if not isinstance(reply.error, TilepilotError):
+                self._replace(f"raised {reply.error}")
+            raise reply.error
+        if not isinstance(reply, Done):
+            self._replace(_what_happened(reply))
+        return reply
+
+    # ---- children -----------------------------------------------------------------------------
+    def _spawn(self) -> tuple[Child, dict[str, Any]]:
+        child = Child(self._backend, self._options)
+        return child, child.start(self._startup_timeout_s)
+
+    def _replace(self, what: str) -> None:
+        t0 = time.monotonic()
+        old = self._child.pid
+        self._child.kill()
+        self._child, started = self._spawn()
+        if started["environment"] != self._env:
+            raise ChildStartupError(f"a fresh child reports {started['environment']}, not {self._env}")
+        recover = time.monotonic() - t0
+        self._respawns += 1
+        self._recover_s = [*self._recover_s[-(RECOVERIES_KEPT - 1):], recover]
+        log.warning("worker %s: child %s %s; child %s took over in %.1f s", self._worker_id, old, what,
+                    self._child.pid, recover)
+
+    def _default_id(self) -> str:
+        if self._uuid:
+            return f"{self._node}:{self._uuid[:12]}"
+        return f"{self._node}:cpu-{ray.get_runtime_context().get_actor_id()[:8]}"
+
+
+# ---- module helpers ------------------------------------------------------------------------------
+def _failure(reply: Reply, timeout_s: float, deaths: list[int | None]) -> tuple[Status, str] | None:
+    """The status and message a failed reply gives its config; None: run it once more.
+
+    `deaths` holds the exit codes of the children that died under this config, and grows.
+    """
+    if isinstance(reply, Sticky):
+        return Status.CRASHED, reply.message
+    if isinstance(reply, TimedOut):
+        return Status.TIMEOUT, (f"no answer within {timeout_s:g} s; the child process was killed "
+                                "and replaced")
+    assert isinstance(reply, Died), reply
+    deaths.append(reply.exitcode)
+    if len(deaths) < 2:
+        return None
+    codes = ", then ".join(describe_exit(c) for c in deaths)
+    return Status.POISON, f"the child process died twice running this config ({codes}); not run again"
+
+
+def _after_retry(result: Result, deaths: list[int | None] | None) -> Result:
+    """A result from a retry says so in `extra`."""
+    if not deaths:
+        return result
+    note = f"first run: the child process died ({describe_exit(deaths[0])}); this result is from the retry"
+    return dataclasses.replace(result, extra={**result.extra, "retried": note})
+
+
+def _index(reply: Reply) -> int:
+    index = reply.index if isinstance(reply, (Sticky, Died, TimedOut)) else None
+    return index if index is not None else 0  # nothing had started: the first config
+
+
+def _what_happened(reply: Reply) -> str:
+    if isinstance(reply, Sticky):
+        return f"hit a sticky CUDA error ({reply.message})"
+    if isinstance(reply, TimedOut):
+        return f"was killed after {reply.waited_s:.1f} s without an answer"
+    assert isinstance(reply, Died), reply
+    return f"died ({describe_exit(reply.exitcode)})"
+
+
+def _describe(kernel: str, problem: Problem, configs: Sequence[Config]) -> Callable[[int], str]:
+    return lambda i: f"{kernel} {problem.label()} {configs[i].label()}"
+
+
+def _check_timeout(timeout_s: float) -> None:
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
