@@ -11,6 +11,15 @@ from tilepilot.experiments.errors import (
     InputError,
     TilepilotError,
 )
+from tilepilot.experiments.hypothesis import (
+    Bound,
+    Evidence,
+    Hypothesis,
+    HypothesisState,
+    Learning,
+    Scope,
+    Verdict,
+)
 from tilepilot.experiments.keys import experiment_key
 from tilepilot.experiments.result import Environment, Result, Telemetry, Timing
 from tilepilot.experiments.space import Constraint, Param, SearchSpace
@@ -19,8 +28,8 @@ from tilepilot.experiments.telemetry import GpuSample
 from tilepilot.experiments.values import Config, Problem, Value, canonical_json
 
 __all__ = [
-    "BackendUnavailable", "Campaign", "CampaignError", "Candidate", "Config", "Constraint",
-    "DatasetError", "Environment", "GpuSample", "InputError", "Param", "Problem", "Result", "SearchSpace",
-    "Status", "Telemetry", "TilepilotError", "Timing", "Value", "canonical_json",
-    "experiment_key", "load_campaign", "parse_campaign",
+    "BackendUnavailable", "Bound", "Campaign", "CampaignError", "Candidate", "Config", "Constraint",
+    "DatasetError", "Environment", "Evidence", "GpuSample", "Hypothesis", "HypothesisState", "InputError",
+    "Learning", "Param", "Problem", "Result", "Scope", "SearchSpace", "Status", "Telemetry", "TilepilotError",
+    "Timing", "Value", "Verdict", "canonical_json", "experiment_key", "load_campaign", "parse_campaign",
 ]

@@ -28,6 +28,7 @@ from tilepilot.experiments import (
 )
 from tilepilot.kernels.base import KernelFamily
 from tilepilot.orchestrator.executor import Batch, Executor
+from tilepilot.orchestrator.hypothesis_hook import HypothesisHook
 from tilepilot.storage.store import Store, WinnerRow
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class ProblemRun:
     counted: int = 0  # distinct configs measured (or reused) against the budget
     exhausted: bool = False
     invalid_streak: int = 0
+    reserved: int = 0  # budget held back from the proposer for hypothesis experiments
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class Driver:
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> list[WinnerRow]:
         self._restore()
+        self.hypotheses = HypothesisHook(self)
         self._enqueue_first()
         self.store.log_event("campaign_started", f"campaign {self.campaign.name} started on "
                              f"{self.executor.backend} ({self.executor.environment.device})",
@@ -102,9 +105,11 @@ class Driver:
             self._fill()
             self._dispatch()
             self._collect(timeout_s=0.2)
+            self.hypotheses.after_results()
             self._sample()
             if self._finished():
                 break
+        self.hypotheses.finish()
         winners = [w for w in (self._declare(run) for run in self.runs.values()) if w]
         for run in self.runs.values():
             run.proposer.close()
@@ -154,7 +159,7 @@ class Driver:
 
     def _fill(self) -> None:
         for run in self.runs.values():
-            want = min(self.campaign.budget - run.counted - len(run.state.pending),
+            want = min(self.campaign.budget - run.counted - len(run.state.pending) - run.reserved,
                        self.batch_size * 2 - len(run.state.pending))
             if run.exhausted or want <= 0:
                 continue

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from tilepilot.storage.ledger import EvidenceRow, HypothesisRow, LearningRow, VerdictRow
 from tilepilot.storage.queries import ReadOnlyDB, open_db
 from tilepilot.storage.rows import CampaignRow, QueueRow, TrialRow, WinnerRow
 from tilepilot.storage.schema import CAMPAIGN_STATES, QUEUE_STATES, SCHEMA_VERSION
@@ -24,6 +25,7 @@ from tilepilot.storage.views import (
 
 __all__ = [
     "CAMPAIGN_STATES", "QUEUE_STATES", "SCHEMA_VERSION", "BestRow", "CampaignRow", "CampaignSummary",
-    "ConvergencePoint", "EventRow", "GpuSampleRow", "HistoryRow", "ProblemProgress", "QueueDone",
-    "QueueRow", "QueueView", "ReadOnlyDB", "Store", "TrialRow", "WinnerRow", "open_db",
+    "ConvergencePoint", "EventRow", "EvidenceRow", "GpuSampleRow", "HistoryRow", "HypothesisRow", "LearningRow",
+    "ProblemProgress", "QueueDone", "QueueRow", "QueueView", "ReadOnlyDB", "Store", "TrialRow", "VerdictRow",
+    "WinnerRow", "open_db",
 ]

@@ -132,6 +132,11 @@ def _problem_filter(problem: Mapping[str, Any] | str, where: list[str], params: 
         params.extend([f'$."{name}"', value])
 
 
+def campaign_id_of(db: ReadOnlyDB, campaign: str | int) -> int:
+    """The id of a campaign given by name or id; raises InputError naming the known ones."""
+    return _campaign_id(db, campaign)
+
+
 def _campaign_id(db: ReadOnlyDB, campaign: str | int) -> int:
     column = "id" if isinstance(campaign, int) else "name"
     found = db.rows(f"SELECT id FROM campaigns WHERE {column} = ?", [campaign])

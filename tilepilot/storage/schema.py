@@ -24,7 +24,8 @@ from tilepilot.experiments import InputError
 
 log = logging.getLogger(__name__)
 
-TABLES = ("campaigns", "experiments", "results", "trials", "queue", "events", "gpu_samples", "winners")
+TABLES = ("campaigns", "experiments", "results", "trials", "queue", "events", "gpu_samples", "winners",
+          "hypotheses", "verdicts", "evidence", "learnings")
 CAMPAIGN_STATES = ("running", "finished", "interrupted", "failed")
 QUEUE_STATES = ("queued", "compiling", "running", "done", "dropped")
 
@@ -185,12 +186,101 @@ CREATE TABLE winners (
 """
 
 
+# The hypothesis ledger. A hypothesis row holds the statement and its latest verdict; `verdicts`
+# keeps every change of state; `evidence` the pairs of experiments (configs that differ only in
+# the hypothesis' parameter) with median_ms(b) / median_ms(a); `learnings` the validated ones
+# with their scope and toolchain. Values a and b and the scope are JSON (a scope is a list of
+# [param, op, value]); `statement_key` is the same for the same claim in any campaign.
+_V2 = """
+CREATE TABLE hypotheses (
+    id TEXT PRIMARY KEY,
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    statement_key TEXT NOT NULL,
+    kernel TEXT NOT NULL,
+    device TEXT NOT NULL,
+    param TEXT NOT NULL,
+    value_a TEXT NOT NULL,
+    value_b TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    text TEXT NOT NULL,
+    rationale TEXT NOT NULL DEFAULT '',
+    source TEXT NOT NULL,
+    state TEXT NOT NULL,
+    pairs INTEGER NOT NULL DEFAULT 0,
+    wins INTEGER NOT NULL DEFAULT 0,
+    losses INTEGER NOT NULL DEFAULT 0,
+    effect REAL,
+    ci_low REAL,
+    ci_high REAL,
+    noise REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    decided_at REAL
+);
+CREATE INDEX hypotheses_kernel_device ON hypotheses(kernel, device);
+CREATE INDEX hypotheses_campaign ON hypotheses(campaign_id);
+CREATE INDEX hypotheses_statement ON hypotheses(statement_key);
+
+CREATE TABLE verdicts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    hypothesis_id TEXT NOT NULL REFERENCES hypotheses(id),
+    state TEXT NOT NULL,
+    pairs INTEGER NOT NULL,
+    wins INTEGER NOT NULL,
+    losses INTEGER NOT NULL,
+    effect REAL,
+    ci_low REAL,
+    ci_high REAL,
+    noise REAL NOT NULL,
+    reason TEXT NOT NULL,
+    decided_at REAL NOT NULL
+);
+CREATE INDEX verdicts_hypothesis ON verdicts(hypothesis_id, id);
+
+CREATE TABLE evidence (
+    hypothesis_id TEXT NOT NULL REFERENCES hypotheses(id),
+    experiment_a TEXT NOT NULL REFERENCES experiments(key),
+    experiment_b TEXT NOT NULL REFERENCES experiments(key),
+    problem_key TEXT NOT NULL,
+    ratio REAL NOT NULL,
+    relation TEXT NOT NULL,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (hypothesis_id, experiment_a, experiment_b)
+);
+CREATE INDEX evidence_experiment_a ON evidence(experiment_a);
+CREATE INDEX evidence_experiment_b ON evidence(experiment_b);
+
+CREATE TABLE learnings (
+    id TEXT PRIMARY KEY,
+    hypothesis_id TEXT NOT NULL UNIQUE REFERENCES hypotheses(id),
+    kernel TEXT NOT NULL,
+    device TEXT NOT NULL,
+    torch TEXT NOT NULL,
+    triton TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    text TEXT NOT NULL,
+    effect REAL NOT NULL,
+    pairs INTEGER NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX learnings_kernel_device ON learnings(kernel, device);
+
+CREATE INDEX experiments_config ON experiments(config_key);
+CREATE INDEX trials_hypothesis ON trials(hypothesis_id);
+"""
+
+
 def _v0_to_v1(db: sqlite_utils.Database) -> None:
     db.executescript(_V1)
 
 
+def _v1_to_v2(db: sqlite_utils.Database) -> None:
+    db.executescript(_V2)
+
+
 # MIGRATIONS[i] takes the schema from version i to i + 1.
-MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1,)
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -22,6 +22,22 @@ from tilepilot.experiments import (
     Result,
     experiment_key,
 )
+from tilepilot.experiments.hypothesis import (
+    EVIDENCE_RELATIONS,
+    Evidence,
+    Hypothesis,
+    HypothesisState,
+    Learning,
+    Verdict,
+)
+from tilepilot.storage.ledger import (
+    HypothesisRow,
+    LearningRow,
+    hypothesis_columns,
+    select_hypotheses,
+    select_learnings,
+    verdict_columns,
+)
 from tilepilot.storage.rows import (
     RESULT_FIELDS,
     RESULT_JOIN,
@@ -47,7 +63,8 @@ _WINNER_COLUMNS = tuple(f.name for f in fields(WinnerRow))
 
 class Store:
     """The SQLite store of campaigns, experiments, results, trials, the queue, events, GPU
-    samples and winners. One writer per database: the campaign driver.
+    samples, winners and the hypothesis ledger (hypotheses, verdicts, evidence, learnings).
+    One writer per database: the campaign driver.
 
     Contract:
     - Opening: `Store(path)` creates the file if needed, turns WAL on and migrates the schema;
@@ -70,9 +87,10 @@ class Store:
         ValueError: a caller's bug: an unknown state, a key that does not match its result,
             sequences of different lengths.
         KeyError: a row the caller updates or builds on does not exist (a campaign id in
-            `set_campaign_state`, a queue id, the experiment of `add_trial`).
-        sqlite3.IntegrityError: an insert that names a campaign that does not exist (foreign
-            keys are on).
+            `set_campaign_state`, a queue id, the experiment of `add_trial`, the hypothesis of
+            `record_verdict` or `add_learning`).
+        sqlite3.IntegrityError: an insert that names a campaign or an experiment that does not
+            exist (foreign keys are on).
         PermissionError: a write on a store opened with `open_readonly`.
         sqlite3.Error: the database itself failed (locked past the 30 s timeout, disk full).
     """
@@ -378,6 +396,72 @@ class Store:
         with self.transaction():
             self._insert("winners", record, f"ON CONFLICT(campaign_id, problem_key) DO UPDATE SET {updates}")
 
+
+    # -- the hypothesis ledger -------------------------------------------------------------------
+
+    def add_hypothesis(self, campaign_id: int, h: Hypothesis) -> bool:
+        """Insert a hypothesis in state 'proposed'; returns False (and changes nothing) when its id exists."""
+        now = time.time()
+        with self.transaction():
+            cur = self._insert("hypotheses", {
+                **hypothesis_columns(h), "campaign_id": campaign_id, "state": HypothesisState.PROPOSED.value,
+                "created_at": now, "updated_at": now,
+            }, "ON CONFLICT(id) DO NOTHING")
+        return cur.rowcount == 1
+
+    def record_verdict(self, verdict: Verdict, evidence: Sequence[Evidence] = ()) -> bool:
+        """Set the hypothesis' latest verdict and upsert its evidence; returns True when the state
+        changed (the change is appended to `verdicts`). A validated or ruled-out state stamps
+        decided_at. Raises KeyError for an unknown hypothesis, ValueError for evidence of another
+        hypothesis or an unknown relation.
+        """
+        for e in evidence:
+            if e.hypothesis_id != verdict.hypothesis_id:
+                raise ValueError(f"evidence of {e.hypothesis_id} given with a verdict on {verdict.hypothesis_id}")
+            _check(e.relation, EVIDENCE_RELATIONS, "evidence relation")
+        now = time.time()
+        cols = verdict_columns(verdict)
+        with self.transaction():
+            row = self._one("SELECT state, decided_at FROM hypotheses WHERE id = ?", [verdict.hypothesis_id])
+            if row is None:
+                raise KeyError(f"no hypothesis {verdict.hypothesis_id!r}")
+            decided = (row["decided_at"] or now) if verdict.state.decided else None
+            sets = ", ".join(f"{c} = ?" for c in cols)
+            self.db.execute(f"UPDATE hypotheses SET {sets}, updated_at = ?, decided_at = ? WHERE id = ?",
+                            [*cols.values(), now, decided, verdict.hypothesis_id])
+            changed = row["state"] != verdict.state.value
+            if changed:
+                self._insert("verdicts", {"hypothesis_id": verdict.hypothesis_id, **cols, "decided_at": now})
+            self.db.conn.executemany(
+                "INSERT INTO evidence (hypothesis_id, experiment_a, experiment_b, problem_key, ratio, relation, "
+                "recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(hypothesis_id, experiment_a, experiment_b) "
+                "DO UPDATE SET ratio = excluded.ratio, relation = excluded.relation, "
+                "recorded_at = excluded.recorded_at",
+                [(e.hypothesis_id, e.experiment_a, e.experiment_b, e.problem_key, e.ratio, e.relation, now)
+                 for e in evidence])
+        return changed
+
+    def add_learning(self, learning: Learning) -> bool:
+        """Insert a learning; returns False when its hypothesis has one already. Its evidence is the
+        hypothesis' supporting pairs. Raises KeyError for an unknown hypothesis."""
+        with self.transaction():
+            if self._one("SELECT id FROM hypotheses WHERE id = ?", [learning.hypothesis_id]) is None:
+                raise KeyError(f"no hypothesis {learning.hypothesis_id!r}")
+            cur = self._insert("learnings", {
+                "id": learning.id, "hypothesis_id": learning.hypothesis_id, "kernel": learning.kernel,
+                "device": learning.device, "torch": learning.torch, "triton": learning.triton,
+                "scope": dumps(learning.scope.as_list()), "text": learning.text, "effect": learning.effect,
+                "pairs": learning.pairs, "created_at": time.time(),
+            }, "ON CONFLICT DO NOTHING")
+        return cur.rowcount == 1
+
+    def hypotheses(self, *, kernel: str | None = None, device: str | None = None,
+                   campaign_id: int | None = None) -> list[HypothesisRow]:
+        """Hypotheses with their latest verdict, oldest first (`device`: a case-insensitive part of the name)."""
+        return select_hypotheses(self._rows, kernel=kernel, device=device, campaign_id=campaign_id)
+
+    def learnings(self, *, kernel: str | None = None, device: str | None = None) -> list[LearningRow]:
+        return select_learnings(self._rows, kernel=kernel, device=device)
 
 def _check(value: str, allowed: Sequence[str], what: str) -> None:
     if value not in allowed:

@@ -1,0 +1,266 @@
+"""The hypothesis ledger's offline agents: the judge, the miner, and the lab that runs both.
+
+- `judge` decides from results only. Pairs are configs identical except the hypothesis'
+  parameter, both `ok`, on a problem in scope; the effect is the geometric mean of
+  median_ms(b) / median_ms(a). The noise is the measured spread of the timings (their
+  rel_spread, at least `NOISE_FLOOR`). Validated: at least `MIN_PAIRS` pairs, the effect
+  beyond 1 + noise, its 95% t-interval above 1, a sign test (a faster in enough pairs), and
+  no problem in scope whose pairs favour b beyond the noise.
+  Ruled out: at least `MIN_PAIRS` pairs and the interval below 1 + noise (the effect is
+  confidently the other way or within noise). Otherwise testing, and inconclusive when no
+  more pairs can be had.
+- `HypothesisMiner` (in `miner.py`) proposes hypotheses from the results so far and names
+  the experiments that would settle each (the best config with the parameter flipped, then
+  other measured configs flipped).
+- `HypothesisLab` holds a campaign's active hypotheses and turns new results into a `Step`:
+  hypotheses to store, verdicts with their evidence, learnings and the candidates to queue.
+  It never writes: the campaign driver stores what it returns.
+- `check_verdict` compares a verdict with the effect over a full recorded grid (replay).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tilepilot.agents.miner import MAX_ACTIVE, HypothesisMiner, LedgerEntry, room_in_scope
+from tilepilot.agents.pairs import Observation, Pair, find_pairs
+from tilepilot.experiments import Candidate, Config, Environment, Problem, SearchSpace
+from tilepilot.experiments.hypothesis import (
+    Evidence,
+    Hypothesis,
+    HypothesisState,
+    Learning,
+    Verdict,
+    geometric_mean,
+)
+
+__all__ = [
+    "GridCheck", "HypothesisLab", "HypothesisMiner", "Judgement", "LedgerEntry", "Observation", "Pair",
+    "Step", "check_verdict", "find_pairs", "judge",
+]
+
+MIN_PAIRS = 3  # fewer pairs never decide
+MAX_PAIRS = 12  # an effect not settled by this many pairs is inconclusive
+NOISE_FLOOR = 0.01  # relative; a spread below it is not believed
+SIGN_P = 0.15  # one-sided sign-test p-value a validation needs
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)  # Student t, 97.5% quantile, df = 1..30
+
+
+# ---- pairs and the judge -----------------------------------------------------------------------
+
+def _t975(df: int) -> float:
+    return _T975[df - 1] if df <= len(_T975) else 1.96 + 2.5 / df
+
+
+def _against(pairs: Sequence[Pair], tau: float) -> list[str]:
+    """The problems where the pairs' mean clearly favours b: a scope the claim does not hold on."""
+    by_problem: dict[Problem, list[float]] = {}
+    for p in pairs:
+        by_problem.setdefault(p.a.problem, []).append(math.log(p.ratio))
+    return [p.label() for p, x in by_problem.items() if statistics.fmean(x) < -tau]
+
+
+def _sign_p(wins: int, n: int) -> float:
+    """P(at least `wins` of `n` fair coin flips come up heads)."""
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
+
+
+@dataclass(frozen=True)
+class Judgement:
+    hypothesis: Hypothesis
+    verdict: Verdict
+    evidence: tuple[Evidence, ...]
+    previous: HypothesisState  # the state before this judgement
+
+
+def judge(h: Hypothesis, observations: Iterable[Observation], *, final: bool = False) -> tuple[Verdict, list[Evidence]]:
+    """The verdict the results give `h`, and the pairs it rests on (see the module docstring).
+
+    `final`: no more results will come (the campaign ends), so an undecided hypothesis is
+    inconclusive rather than testing.
+    """
+    pairs = find_pairs(h, observations)
+    noise = max(NOISE_FLOOR, statistics.median(p.spread for p in pairs)) if pairs else NOISE_FLOOR
+    evidence = [Evidence(h.id, p.a.key, p.b.key, p.a.problem.key(), p.ratio,
+                         "supports" if p.ratio > 1 + noise else "refutes") for p in pairs]
+    undecided = HypothesisState.INCONCLUSIVE if final else HypothesisState.TESTING
+    n = len(pairs)
+    if n == 0:
+        return Verdict(h.id, undecided, 0, 0, 0, None, None, None, noise, "no paired configs in scope yet"), evidence
+    x = [math.log(p.ratio) for p in pairs]
+    wins, losses = sum(v > 0 for v in x), sum(v < 0 for v in x)
+    mean = statistics.fmean(x)
+    sd = max(statistics.stdev(x) if n > 1 else 0.0, noise)
+    half = _t975(n - 1) * sd / math.sqrt(n) if n > 1 else math.inf
+    lo, hi = mean - half, mean + half
+    tau = math.log1p(noise)
+    effect, ci = math.exp(mean), (math.exp(lo), math.exp(hi) if math.isfinite(hi) else None)
+    summary = (f"{n} pair(s), {h.param}={h.a} faster in {wins}; effect {effect:.3f}x"
+               + (f" (95% CI {ci[0]:.3f}-{ci[1]:.3f}x)" if ci[1] is not None else "")
+               + f", noise {noise:.1%}")
+    against = _against(pairs, tau)
+    if n >= MIN_PAIRS and lo > 0 and mean > tau and _sign_p(wins, n) <= SIGN_P and not against:
+        state, why = HypothesisState.VALIDATED, "validated: effect beyond the noise"
+    elif n >= MIN_PAIRS and hi < tau:
+        why = "ruled out: confidently the other way" if hi < 0 else "ruled out: confidently within the noise"
+        state = HypothesisState.RULED_OUT
+    elif n >= MAX_PAIRS:
+        state, why = HypothesisState.INCONCLUSIVE, f"inconclusive after {MAX_PAIRS} pairs"
+    else:
+        state = undecided
+        why = f"{state}: " + ("too few pairs" if n < MIN_PAIRS else f"{h.param}={h.b} is faster on {against[0]}"
+                              if against else "the interval spans the threshold")
+    verdict = Verdict(h.id, state, n, wins, losses, effect, ci[0] if ci[1] is not None else None, ci[1], noise,
+                      f"{why}; {summary}")
+    return verdict, evidence
+
+
+# ---- checking a verdict against a full grid ----------------------------------------------------
+
+@dataclass(frozen=True)
+class GridCheck:
+    hypothesis_id: str
+    state: HypothesisState
+    effect: float | None  # the verdict's effect
+    grid_pairs: int  # pairs in scope over the whole grid
+    grid_effect: float | None  # the geometric mean over them
+    threshold: float  # 1 + the verdict's noise
+    agrees: bool | None  # None: undecided verdict, or no pair in the grid
+    same_direction: bool | None  # a weaker check: validated and the grid effect above 1
+
+
+def check_verdict(h: Hypothesis, v: Verdict, grid: Iterable[Observation]) -> GridCheck:
+    """Compare a verdict with the true paired effect over every recorded pair in scope.
+
+    Validated agrees when the grid effect exceeds 1 + noise; ruled out agrees when it does
+    not. Undecided verdicts are not scored.
+    """
+    pairs = find_pairs(h, grid)
+    g = geometric_mean([p.ratio for p in pairs]) if pairs else None
+    threshold = 1.0 + v.noise
+    agrees = same = None
+    if g is not None and v.state is HypothesisState.VALIDATED:
+        agrees, same = g > threshold, g > 1.0
+    elif g is not None and v.state is HypothesisState.RULED_OUT:
+        agrees = same = g <= threshold
+    return GridCheck(h.id, v.state, v.effect, len(pairs), g, threshold, agrees, same)
+
+
+# ---- the lab -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Step:
+    proposed: tuple[Hypothesis, ...] = ()
+    judgements: tuple[Judgement, ...] = ()
+    learnings: tuple[Learning, ...] = ()
+    candidates: tuple[Candidate, ...] = ()
+
+
+class HypothesisLab:
+    """A campaign's hypotheses: mines, judges and asks for experiments; stores nothing itself.
+
+    `ledger`: hypotheses of earlier campaigns on this kernel and device (not re-proposed when
+    decided); `resumed`: this campaign's own, when it resumes. Deterministic for a seed.
+    """
+
+    def __init__(self, *, kernel: str, origin: str, env: Environment, spaces: Mapping[Problem, SearchSpace],
+                 seed: int = 0, ledger: Sequence[LedgerEntry] = (), resumed: Sequence[LedgerEntry] = ()) -> None:
+        self.env = env
+        self.spaces = dict(spaces)
+        self.miner = HypothesisMiner(kernel=kernel, device=env.device, origin=origin, spaces=spaces, seed=seed)
+        self.known: list[LedgerEntry] = list(ledger)
+        self.states: dict[str, HypothesisState] = {}
+        self.hypotheses: dict[str, Hypothesis] = {}
+        self._pairs: dict[str, int] = {}
+        for e in resumed:
+            self.hypotheses[e.hypothesis.id] = e.hypothesis
+            self.states[e.hypothesis.id] = e.state
+
+    @property
+    def active(self) -> list[Hypothesis]:
+        return [h for hid, h in self.hypotheses.items() if not self.states[hid].terminal]
+
+    def step(self, observations: Sequence[Observation], *, seen: Mapping[Problem, set[Config]],
+             room: Mapping[Problem, int], pending: Mapping[str, int], final: bool = False) -> Step:
+        """Judge the active hypotheses, mine new ones, and name the experiments to queue.
+
+        `seen`: configs tried or queued per problem; `room`: experiments the lab may still
+        queue per problem; `pending`: queued experiments per hypothesis id.
+        """
+        room = dict(room)
+        judgements, learnings = self._judge_all(observations, room, pending, final)
+        proposed: list[Hypothesis] = []
+        if not final:
+            entries = self.known + [LedgerEntry(h, self.states[h.id]) for h in self.hypotheses.values()]
+            for h in self.miner.mine(observations, known=entries, room=room, max_new=MAX_ACTIVE - len(self.active)):
+                self.hypotheses[h.id], self.states[h.id] = h, HypothesisState.PROPOSED
+                proposed.append(h)
+                j, learned = self._judge_one(h, observations, room, pending, final=False)
+                judgements.extend(j)
+                learnings.extend(learned)
+        candidates = [] if final else self._experiments(observations, seen, room, pending, judgements)
+        return Step(tuple(proposed), tuple(judgements), tuple(learnings), tuple(candidates))
+
+    def _judge_all(self, observations: Sequence[Observation], room: Mapping[Problem, int],
+                   pending: Mapping[str, int], final: bool) -> tuple[list[Judgement], list[Learning]]:
+        judgements: list[Judgement] = []
+        learnings: list[Learning] = []
+        for h in self.active:
+            j, learned = self._judge_one(h, observations, room, pending, final=final)
+            judgements.extend(j)
+            learnings.extend(learned)
+        return judgements, learnings
+
+    def _judge_one(self, h: Hypothesis, observations: Sequence[Observation], room: Mapping[Problem, int],
+                   pending: Mapping[str, int], *, final: bool) -> tuple[list[Judgement], list[Learning]]:
+        verdict, evidence = judge(h, observations, final=final)
+        previous = self.states[h.id]
+        if verdict.state is HypothesisState.TESTING:
+            if not pending.get(h.id) and room_in_scope(h, room) == 0 and previous is HypothesisState.TESTING:
+                verdict = _restate(verdict, HypothesisState.INCONCLUSIVE, "no budget left in scope for more pairs")
+            elif previous is HypothesisState.PROPOSED:
+                verdict = _restate(verdict, HypothesisState.PROPOSED)
+        if verdict.state is previous and self._pairs.get(h.id) == verdict.pairs:
+            return [], []
+        self.states[h.id], self._pairs[h.id] = verdict.state, verdict.pairs
+        learned: list[Learning] = []
+        if verdict.state is HypothesisState.VALIDATED:
+            keys = [k for e in evidence if e.relation == "supports" for k in (e.experiment_a, e.experiment_b)]
+            learned.append(Learning.from_verdict(h, verdict, torch=self.env.torch, triton=self.env.triton,
+                                                 evidence=keys))
+        return [Judgement(h, verdict, tuple(evidence), previous)], learned
+
+    def _experiments(self, observations: Sequence[Observation], seen: Mapping[Problem, set[Config]],
+                     room: dict[Problem, int], pending: Mapping[str, int],
+                     judgements: list[Judgement]) -> list[Candidate]:
+        taken = {p: set(configs) for p, configs in seen.items()}
+        out: list[Candidate] = []
+        for h in self.active:
+            if pending.get(h.id):
+                continue
+            pairs = self._pairs.get(h.id, 0)
+            want = max(MIN_PAIRS - pairs, 2)
+            cands = self.miner.experiments(h, observations, seen=taken, room=room, n=min(want, MAX_PAIRS - pairs))
+            for c in cands:
+                taken.setdefault(c.problem, set()).add(c.config)
+                room[c.problem] -= 1
+            out.extend(cands)
+            if cands and self.states[h.id] is HypothesisState.PROPOSED:
+                self.states[h.id] = HypothesisState.TESTING
+                last = next((j.verdict for j in judgements if j.hypothesis.id == h.id), None)
+                verdict = _restate(last or judge(h, observations)[0], HypothesisState.TESTING, "experiments queued")
+                judgements.append(Judgement(h, verdict, (), HypothesisState.PROPOSED))
+        return out
+
+
+def _restate(v: Verdict, state: HypothesisState, why: str | None = None) -> Verdict:
+    """The same figures under another state; the reason keeps its summary after "; "."""
+    summary = v.reason.partition("; ")[2]
+    head = f"{state}: {why}" if why else str(state)
+    return Verdict(v.hypothesis_id, state, v.pairs, v.wins, v.losses, v.effect, v.ci_low, v.ci_high, v.noise,
+                   f"{head}; {summary}" if summary else head)

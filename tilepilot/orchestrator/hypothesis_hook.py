@@ -1,0 +1,122 @@
+"""The campaign driver's hypothesis ledger: after results are stored, judge and mine, store
+what the lab decided, and queue the experiments that settle the open hypotheses.
+
+A share of each problem's budget (`RESERVE_SHARE`) is held back from the proposer for those
+experiments; it goes back to the proposer once the lab has nothing to ask of that problem, so
+the budget is always spent in full. Events: `hypothesis` for each new hypothesis, `verdict`
+for each one validated, ruled out or found inconclusive.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from tilepilot.agents.hypotheses import HypothesisLab, LedgerEntry, Observation, Step
+from tilepilot.experiments import Candidate, Config, Problem
+
+if TYPE_CHECKING:
+    from tilepilot.orchestrator.driver import Driver
+
+log = logging.getLogger(__name__)
+
+RESERVE_SHARE = 0.25  # of each problem's budget, for experiments that test hypotheses
+
+
+def reserve(budget: int) -> int:
+    return int(budget * RESERVE_SHARE)
+
+
+class HypothesisHook:
+    """Created by the driver after it restored a resumed campaign; the driver calls
+    `after_results()` once per loop turn and `finish()` when the budget is spent."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.d = driver
+        env = driver.executor.environment
+        rows = [r for r in driver.store.hypotheses(kernel=driver.campaign.kernel, device=env.device)
+                if r.hypothesis.device == env.device]
+        self.lab = HypothesisLab(
+            kernel=driver.campaign.kernel, origin=driver.campaign.name, env=env,
+            spaces={p: run.space for p, run in driver.runs.items()}, seed=driver.campaign.seed,
+            ledger=[LedgerEntry(r.hypothesis, r.state) for r in rows if r.campaign_id != driver.campaign_id],
+            resumed=[LedgerEntry(r.hypothesis, r.state) for r in rows if r.campaign_id == driver.campaign_id])
+        used = Counter(t.problem_key for t, _ in driver.store.campaign_results(driver.campaign_id) if t.hypothesis_id)
+        used.update(c.problem.key() for c in driver.candidates.values() if c.hypothesis_id)
+        for p, run in driver.runs.items():
+            run.reserved = max(0, reserve(driver.campaign.budget) - used[p.key()])
+        self._keys: dict[tuple[Problem, Config], str] = {}
+        self._results = -1
+        self._asked: set[Problem] = set()
+
+    def after_results(self) -> None:
+        n = sum(len(run.state.results) for run in self.d.runs.values())
+        if n != self._results:
+            self._results = n
+            self._step(final=False)
+        self._release()
+
+    def finish(self) -> None:
+        self._step(final=True)
+
+    # ---- internals ----------------------------------------------------------------------------
+    def _step(self, *, final: bool) -> None:
+        d = self.d
+        room = {p: 0 if run.exhausted else max(0, min(run.reserved, d.campaign.budget - run.counted
+                                                      - len(run.state.pending)))
+                for p, run in d.runs.items()}
+        pending = Counter(c.hypothesis_id for c in d.candidates.values() if c.hypothesis_id)
+        step = self.lab.step(self._observations(), seen={p: run.state.seen for p, run in d.runs.items()},
+                             room=room, pending=pending, final=final)
+        self._store(step)
+        by_problem: dict[Problem, list[Candidate]] = {}
+        for c in step.candidates:
+            by_problem.setdefault(c.problem, []).append(c)
+        self._asked = set(by_problem)
+        for problem, cands in by_problem.items():
+            run = d.runs[problem]
+            run.reserved -= len(cands)
+            d._admit(run, cands)
+
+    def _observations(self) -> list[Observation]:
+        out = []
+        for p, run in self.d.runs.items():
+            for config, result in run.state.results.items():
+                key = self._keys.get((p, config))
+                if key is None:
+                    key = self._keys[(p, config)] = self.d._key(p, config)
+                o = Observation.of(key, result)
+                if o is not None:
+                    out.append(o)
+        return out
+
+    def _store(self, step: Step) -> None:
+        store, cid = self.d.store, self.d.campaign_id
+        learned = {lrn.hypothesis_id: lrn for lrn in step.learnings}
+        with store.transaction():
+            for h in step.proposed:
+                store.add_hypothesis(cid, h)
+                store.log_event("hypothesis", f"{h.id}: {h.text} ({h.rationale})", campaign_id=cid,
+                                data={"hypothesis": h.id, "text": h.text, "rationale": h.rationale})
+            for j in step.judgements:
+                changed = store.record_verdict(j.verdict, j.evidence)
+                v = j.verdict
+                if changed and v.state.terminal:
+                    store.log_event("verdict", f"{v.hypothesis_id} {v.state}: {j.hypothesis.text} ({v.reason})",
+                                    campaign_id=cid, data={
+                                        "hypothesis": v.hypothesis_id, "state": str(v.state), "pairs": v.pairs,
+                                        "effect": v.effect, "learning": learned[v.hypothesis_id].text
+                                        if v.hypothesis_id in learned else None})
+            for lrn in step.learnings:
+                store.add_learning(lrn)
+
+    def _release(self) -> None:
+        """Give a problem's reserve back to its proposer once the lab asks nothing of it."""
+        budget = self.d.campaign.budget
+        for p, run in self.d.runs.items():
+            if run.reserved and not run.state.pending and p not in self._asked \
+                    and (run.exhausted or run.counted + run.reserved >= budget):
+                log.debug("reserve of %d released for %s", run.reserved, p.label())
+                run.reserved = 0
+
