@@ -108,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     d.add_argument("--port", type=int, default=8501)
     d.set_defaults(func=cmd_dashboard)
+    _graph_parser(sub)
     return p
 
 
@@ -320,3 +321,127 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise InputError(f"--port {args.port} is not a port number (1 to 65535)")
     open_db(args.db).close()  # a missing file or another program's database is one line here
     return serve(str(args.db), host=args.host, port=args.port)
+
+
+# ---- graph --------------------------------------------------------------------------------
+def _graph_parser(sub: Any) -> None:
+    g = sub.add_parser("graph", help="query the knowledge graph: hypotheses, evidence, learnings",
+                       description="What the store knows about a kernel on a device (--kernel, --device, "
+                       "--problem), the evidence of a hypothesis (--hypothesis), the neighbourhood of an "
+                       "experiment (--experiment) or the learnings that apply to a problem (--learnings-for). "
+                       "--json prints one JSON document; --export writes the graph as node-link JSON "
+                       "(without a query: the whole graph).")
+    _db_arg(g)
+    g.add_argument("--kernel", help="kernel family, e.g. matmul")
+    g.add_argument("--device", help="a part of the device name, e.g. H100")
+    g.add_argument("--problem", metavar="FILTER", help='problem scope, e.g. "M<=64" or "M<=64,K>=4096"')
+    q = g.add_mutually_exclusive_group()
+    q.add_argument("--hypothesis", metavar="ID", help="the experiments that support or refute hypothesis ID")
+    q.add_argument("--experiment", metavar="KEY", help="the neighbourhood of an experiment (key or prefix)")
+    q.add_argument("--learnings-for", metavar="PROBLEM",
+                   help='the learnings that apply to a problem, e.g. "M=48,N=4096,K=4096,dtype=bf16"')
+    g.add_argument("--relation", choices=("supports", "refutes"), help="with --hypothesis: only this relation")
+    g.add_argument("--radius", type=int, default=2, help="with --experiment: edges from it (1 to 6, default 2)")
+    g.add_argument("--json", action="store_true", help="one JSON document")
+    g.add_argument("--export", type=Path, metavar="FILE", help="write the graph as node-link JSON")
+    g.set_defaults(func=cmd_graph)
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from tilepilot.storage import graph
+    from tilepilot.storage.queries import open_db
+
+    if args.relation and not args.hypothesis:
+        raise InputError("--relation goes with --hypothesis")
+    if args.radius != 2 and not args.experiment:
+        raise InputError("--radius goes with --experiment")
+    with open_db(args.db) as db:
+        if args.hypothesis:
+            doc, g = _graph_support(graph.support(db, args.hypothesis, relation=args.relation))
+        elif args.experiment:
+            doc, g = _graph_neighbourhood(graph.neighbourhood(db, args.experiment, radius=args.radius))
+        elif args.learnings_for:
+            doc, g = _graph_learnings(db, args)
+        elif args.kernel:
+            doc, g = _graph_knowledge(graph.knowledge(db, kernel=args.kernel, device=args.device, scope=args.problem))
+        elif args.export:
+            if args.problem:
+                raise InputError("--problem needs --kernel")
+            g = graph.build_graph(db, device=args.device)
+            doc = {"tables": [], "nodes": g.number_of_nodes(), "edges": g.number_of_edges()}
+        else:
+            raise InputError("tilepilot graph needs --kernel, --hypothesis, --experiment or --learnings-for "
+                             "(or --export FILE for the whole graph)")
+    if args.export:
+        graph.export(g, args.export)
+        print(f"wrote {g.number_of_nodes()} nodes and {g.number_of_edges()} edges to {args.export}",
+              file=sys.stderr)
+    if args.json:
+        print(json.dumps({k: v for k, v in doc.items() if k != "tables"}, default=str))
+    else:
+        for title, rows, cols in doc["tables"]:
+            print(title)
+            if cols and rows:
+                _print_table([{c: r.get(c) for c in cols} for r in rows], cols, out=lambda line: print("  " + line))
+            elif cols:
+                print("  none")
+    return 0
+
+
+def _graph_knowledge(k: Any) -> tuple[dict[str, Any], Any]:
+    problems = [dataclasses.asdict(p) for p in k.problems]
+    hyps = [h.as_dict() for h in k.hypotheses]
+    lrns = [x.as_dict() for x in k.learnings]
+    where = f"on devices matching {k.device!r}" if k.device else "on every device"
+    head = (f"{k.kernel} {where}, {k.scope.text()}: {len(problems)} problem(s), {len(hyps)} hypothesis(es), "
+            f"{len(lrns)} learning(s)")
+    for p in problems:
+        p["best"] = _compact(p["best_config"])
+    for h in hyps:
+        h["ci"] = f"{h['ci_low']:.2f}-{h['ci_high']:.2f}" if h["ci_low"] and h["ci_high"] else ""
+    tables = [(head, [], []),
+              ("problems:", problems, ["problem", "device", "experiments", "ok", "best_ms", "best"]),
+              ("hypotheses:", hyps, ["id", "state", "text", "pairs", "effect", "ci"]),
+              ("learnings:", lrns, ["id", "scope_text", "claim", "effect", "pairs", "torch", "triton"])]
+    doc = {"kernel": k.kernel, "device": k.device, "scope": k.scope.as_list(), "problems": problems,
+           "hypotheses": hyps, "learnings": lrns, "tables": tables}
+    return doc, k.graph
+
+
+def _graph_support(s: Any) -> tuple[dict[str, Any], Any]:
+    h = s.hypothesis.as_dict()
+    rows = [dataclasses.asdict(e) for e in s.evidence]
+    param = s.hypothesis.hypothesis.param
+    for r in rows:
+        r["pair"] = _compact({k: v for k, v in r["config_a"].items() if k != param})
+    head = f"{h['id']} ({h['state']}): {h['text']} - {h['reason']}"
+    cols = ["relation", "ratio", "problem", "pair", "experiment_a", "experiment_b"]
+    return {"hypothesis": h, "evidence": rows, "tables": [(head, rows, cols)]}, s.graph
+
+
+def _graph_neighbourhood(n: Any) -> tuple[dict[str, Any], Any]:
+    rows = [dataclasses.asdict(x) for x in n.nodes]
+    head = f"{len(rows)} node(s) within {n.radius} edge(s) of {n.center}" + (
+        f" ({len(n.truncated)} node(s) with more neighbours than shown)" if n.truncated else "")
+    edges = [{"source": u, "target": v, "kind": k} for u, v, k in n.graph.edges(keys=True)]
+    return ({"center": n.center, "radius": n.radius, "nodes": rows, "edges": edges, "truncated": list(n.truncated),
+             "tables": [(head, rows, ["distance", "kind", "node", "label"])]}, n.graph)
+
+
+def _graph_learnings(db: Any, args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    from tilepilot.experiments import Scope
+    from tilepilot.storage import graph
+
+    if not args.kernel:
+        raise InputError("--learnings-for needs --kernel")
+    scope = Scope.parse(args.learnings_for)
+    if not scope.bounds or any(b.op != "=" for b in scope.bounds):
+        raise InputError(f"--learnings-for {args.learnings_for!r} is not KEY=VALUE pairs "
+                         "(e.g. M=48,N=4096,K=4096,dtype=bf16)")
+    problem = {b.param: b.value for b in scope.bounds}
+    rows, g = graph.learnings_for(db, kernel=args.kernel, device=args.device, problem=problem)
+    docs = [x.as_dict() for x in rows]
+    head = f"{len(docs)} learning(s) apply to {args.kernel} {_compact(problem)}"
+    cols = ["id", "scope_text", "claim", "effect", "pairs", "device"]
+    return {"problem": problem, "learnings": docs, "tables": [(head, docs, cols)]}, g
+
