@@ -5,6 +5,8 @@ or the worker."""
 from __future__ import annotations
 
 import math
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,13 +102,19 @@ def test_hanging_child_times_out_and_worker_recovers(worker: Any) -> None:
     timeout_s = 5.0
     configs = [cfg(16, 16, 16, "none"), cfg(32, 32, 32, "sleep"), cfg(16, 32, 16, "none")]
     t0 = time.monotonic()
-    results = evaluate(worker, "matmul_faults", configs, timeout_s)
+    ref = worker.evaluate.remote("matmul_faults", PROBLEM, configs, timeout_s)
+    time.sleep(2.0)
+    during = info(worker)  # answers while the batch runs (a threaded actor)
+    assert ray.wait([ref], timeout=0)[0] == []
+    assert during.running == f"matmul_faults {PROBLEM.label()} {configs[1].label()}"
+    results = ray.get(ref)
     elapsed = time.monotonic() - t0
     assert [r.status for r in results] == [Status.OK, Status.TIMEOUT, Status.OK], [r.message for r in results]
     assert "no answer within 5 s" in results[1].message
     # one step's budget for the hang, not the batch's three, and far from the hour it sleeps
     assert elapsed < 2 * timeout_s + 15
-    assert info(worker).respawns == before.respawns + 1
+    after = info(worker)
+    assert after.respawns == before.respawns + 1 and after.running == ""
     again = evaluate(worker, "matmul_faults", [cfg(32, 32, 16, "none")])
     assert again[0].status is Status.OK, again[0].message
 
@@ -120,6 +128,19 @@ def test_sticky_error_is_crashed_not_retried_and_batch_goes_on(worker: Any) -> N
     after = info(worker)
     assert after.respawns == before.respawns + 1  # replaced once: the config was not run again
     assert after.child_pid != before.child_pid
+
+
+def test_child_dead_between_batches_is_replaced_without_blame(worker: Any) -> None:
+    before = info(worker)
+    os.kill(before.child_pid, signal.SIGKILL)  # the child this test's worker started
+    stat = Path(f"/proc/{before.child_pid}/stat")
+    deadline = time.monotonic() + 10
+    while stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    results = evaluate(worker, "matmul", [cfg(16, 16, 16), cfg(32, 32, 32)])
+    assert [r.status for r in results] == [Status.OK, Status.OK]
+    assert all("retried" not in r.extra for r in results)
+    assert info(worker).respawns == before.respawns + 1
 
 
 def test_bf16_is_refused_under_the_interpreter(worker: Any) -> None:

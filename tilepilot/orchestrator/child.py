@@ -131,6 +131,9 @@ class Child:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
     def start(self, timeout_s: float) -> dict[str, Any]:
         """Spawn the child and wait for it to be ready; returns its info dict.
 

@@ -84,6 +84,7 @@ class WorkerInfo:
     environment: Environment
     target: Target | None  # what the compile pool compiles for; None under the interpreter
     child_pid: int | None
+    running: str = ""  # kernel, problem and config the child runs now; "" when idle
     respawns: int = 0  # children replaced after a crash, a death or a timeout
     recover_s: tuple[float, ...] = ()  # seconds from each failure to the fresh child being ready
 
@@ -111,7 +112,7 @@ class EvalWorker:
     # ---- the actor's methods ------------------------------------------------------------------
     def info(self) -> WorkerInfo:
         return WorkerInfo(self._worker_id, self._node, self._backend, self._uuid, self._env, self._target,
-                          self._child.pid, self._respawns, tuple(self._recover_s))
+                          self._child.pid, self._running, self._respawns, tuple(self._recover_s))
 
     def evaluate(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float) -> list[Result]:
         """One Result per config, in order; `timeout_s` per config (see the module docstring)."""
@@ -200,6 +201,8 @@ class EvalWorker:
         def started(i: int) -> None:
             self._running = describe(i)
 
+        if not self._child.alive():  # died while idle: nobody's fault
+            self._replace("died between requests")
         try:
             reply = self._child.request(message, step_s=timeout_s, total_s=timeout_s * n, on_start=started)
         finally:
