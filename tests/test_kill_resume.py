@@ -36,7 +36,7 @@ GRID = {  # 384 configs per problem, 380 of them within the shared-memory limit
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
 }
-BUDGET = 300
+BUDGET = 200
 TOTAL = BUDGET * len(PROBLEMS)
 REPEATS = 10
 
@@ -102,7 +102,7 @@ def kill_after(proc: subprocess.Popen[bytes], db: Path, at_least: int, extra_s: 
     while trial_count(db) < at_least:
         assert proc.poll() is None, f"the run ended (rc {proc.returncode}) before {at_least} trials"
         assert time.monotonic() < deadline, "no progress"
-        time.sleep(0.002)
+        time.sleep(0.005)
     time.sleep(extra_s)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=30) == -signal.SIGKILL, "the run finished before it was killed"
