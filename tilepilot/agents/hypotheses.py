@@ -109,12 +109,12 @@ def judge(h: Hypothesis, observations: Iterable[Observation], *, final: bool = F
     elif n >= MIN_PAIRS and hi < tau:
         why = "ruled out: confidently the other way" if hi < 0 else "ruled out: confidently within the noise"
         state = HypothesisState.RULED_OUT
-    elif n >= MAX_PAIRS:
-        state, why = HypothesisState.INCONCLUSIVE, f"inconclusive after {MAX_PAIRS} pairs"
     else:
-        state = undecided
+        state = HypothesisState.INCONCLUSIVE if n >= MAX_PAIRS else undecided
         why = f"{state}: " + ("too few pairs" if n < MIN_PAIRS else f"{h.param}={h.b} is faster on {against[0]}"
                               if against else "the interval spans the threshold")
+        if n >= MAX_PAIRS:
+            why += f" after {n} pairs"
     verdict = Verdict(h.id, state, n, wins, losses, effect, ci[0] if ci[1] is not None else None, ci[1], noise,
                       f"{why}; {summary}")
     return verdict, evidence

@@ -73,7 +73,11 @@ class Bound:
         if not _is_number(x):
             return False
         v = self.value
-        return {"<=": x <= v, ">=": x >= v, "<": x < v, ">": x > v}[self.op]  # type: ignore[operator]
+        if self.op == "<=":
+            return x <= v  # type: ignore[operator]
+        if self.op == ">=":
+            return x >= v  # type: ignore[operator]
+        return x < v if self.op == "<" else x > v  # type: ignore[operator]
 
     def text(self) -> str:
         return f"{self.param} {_SHOWN[self.op]} {self.value}"
@@ -111,6 +115,9 @@ class Scope:
                 raise InputError(f"bad problem filter {part.strip()!r}: expected NAME OP VALUE with OP one of "
                                  "<=, >=, <, >, =, != (e.g. M<=64 or dtype=bf16)")
             name, op, raw = m.group(1), _OPS[m.group(2)], m.group(3)
+            if raw[0] in "<>=!≤≥":
+                raise InputError(f"bad problem filter {part.strip()!r}: unknown operator "
+                                 "(allowed: <=, >=, <, >, =, !=)")
             value = parse_value(raw)
             if op not in ("=", "!=") and not _is_number(value):
                 raise InputError(f"bad problem filter {part.strip()!r}: {raw!r} is not a number "

@@ -49,6 +49,7 @@ class Graph:
 
     def __init__(self) -> None:
         self.g = nx.MultiDiGraph()
+        self._problems: dict[str, tuple[str, dict[str, Value]]] = {}  # node id -> (kernel, params)
 
     def node(self, kind: str, key: Sequence[str], label: str, **attrs: Any) -> str:
         nid = node_id(kind, *key)
@@ -71,7 +72,11 @@ class Graph:
         return self.node("campaign", [name], name, state=state)
 
     def problem(self, kernel: str, problem: Mapping[str, Value], key: str) -> str:
-        return self.node("problem", [kernel, key], Problem.of(problem).label(), kernel=kernel, params=dict(problem))
+        nid = node_id("problem", kernel, key)
+        if nid not in self._problems:
+            self.node("problem", [kernel, key], Problem.of(problem).label(), kernel=kernel, params=dict(problem))
+            self._problems[nid] = (kernel, dict(problem))
+        return nid
 
     def config(self, kernel: str, config: Mapping[str, Value], key: str) -> str:
         return self.node("config", [kernel, key], " ".join(f"{k}={v}" for k, v in config.items()), kernel=kernel,
@@ -79,15 +84,17 @@ class Graph:
 
     def experiment(self, r: Mapping[str, Any]) -> str:
         """An experiment row (`_EXPERIMENT` columns) with its `ran` edges."""
-        problem, config = loads(r["problem"]), loads(r["config"])
+        kernel = r["kernel"]
+        pid, cid = node_id("problem", kernel, r["problem_key"]), node_id("config", kernel, r["config_key"])
+        if pid not in self.g:
+            self.problem(kernel, loads(r["problem"]), r["problem_key"])
+        if cid not in self.g:
+            self.config(kernel, loads(r["config"]), r["config_key"])
         ms = f"{r['median_ms']:.4g} ms" if r["median_ms"] is not None else r["status"] or "no result"
-        nid = self.node("experiment", [r["key"]], f"{Problem.of(problem).label()} | "
-                        f"{' '.join(f'{k}={v}' for k, v in config.items())} | {ms}", status=r["status"],
-                        median_ms=r["median_ms"], device=r["device"], backend=r["backend"])
-        self.edge(nid, self.problem(r["kernel"], problem, r["problem_key"]), "ran")
-        self.edge(nid, self.config(r["kernel"], config, r["config_key"]), "ran")
-        self.edge(nid, self.device(r["device"]), "ran")
-        self.edge(nid, self.kernel(r["kernel"]), "ran")
+        nid = self.node("experiment", [r["key"]], f"{self.g.nodes[pid]['label']} | {self.g.nodes[cid]['label']} | {ms}",
+                        status=r["status"], median_ms=r["median_ms"], device=r["device"], backend=r["backend"])
+        self.g.add_edges_from((nid, v, "ran", {"kind": "ran"}) for v in
+                              (pid, cid, self.device(r["device"]), self.kernel(kernel)))
         return nid
 
     def hypothesis(self, h: HypothesisRow) -> str:
@@ -109,8 +116,8 @@ class Graph:
 
     def scoped(self, nid: str, scope: Scope, kernel: str) -> None:
         """`applies_to` edges from a hypothesis or learning to the problems of the graph in its scope."""
-        for pid, data in list(self.g.nodes(data=True)):
-            if data["kind"] == "problem" and data["kernel"] == kernel and scope.contains(data["params"]):
+        for pid, (k, params) in self._problems.items():
+            if k == kernel and scope.contains(params):
                 self.edge(nid, pid, "applies_to")
 
 
@@ -195,11 +202,17 @@ def knowledge(db: ReadOnlyDB, *, kernel: str, device: str | None = None,
     s = _scope(scope)
     _check_kernel_device(db, kernel, device)
     _check_params(db, kernel, s)
-    where, params = ledger.kernel_device_filter("e", kernel, device)
-    rows = db.rows("SELECT e.problem_key, MIN(e.problem) AS problem, e.device, COUNT(*) AS n, "
-                   "SUM(r.status = 'ok') AS ok FROM experiments e JOIN results r ON r.experiment_key = e.key "
-                   f"WHERE {' AND '.join(where)} GROUP BY e.problem_key, e.device", params)
-    rows = [r for r in rows if s.contains(loads(r["problem"]))]
+    # problem_key is the problem's canonical JSON: the scope is tested on the (kernel, problem_key) index alone
+    keys = [r["problem_key"] for r in db.rows("SELECT DISTINCT problem_key FROM experiments WHERE kernel = ?",
+                                              [kernel]) if s.contains(json.loads(r["problem_key"]))]
+    rows = []
+    for i in range(0, len(keys), 500):
+        chunk = keys[i:i + 500]
+        where, params = ledger.kernel_device_filter("e", kernel, device)
+        rows += db.rows("SELECT e.problem_key, MIN(e.problem) AS problem, e.device, COUNT(*) AS n, "
+                        "SUM(r.status = 'ok') AS ok FROM experiments e JOIN results r ON r.experiment_key = e.key "
+                        f"WHERE {' AND '.join(where)} AND e.problem_key IN ({', '.join('?' * len(chunk))}) "
+                        "GROUP BY e.problem_key, e.device", [*params, *chunk])
     best = _best(db, kernel, device, [r["problem_key"] for r in rows])
     b = Graph()
     problems = []
