@@ -7,7 +7,8 @@ is set by the Evaluator before any kernel is imported; fp16/fp32 only): correct 
 several configs including ragged shapes, NaN-poisoned outputs fully overwritten, planted wrong
 and unwritten outputs caught, invalid configs never launched. In a child with no GPU: the
 ahead-of-time compile for sm_90. Then what is particular to each family: softmax on huge
-logits, layernorm with a large mean, the fp8 rounding and scales.
+logits, layernorm with a large mean, the fp8 rounding and scales. Last, the user family tuned
+by `tilepilot tune --backend interpret` on Ray workers, found through TILEPILOT_KERNEL_MODULES.
 
 bf16 and the hardware fp8 conversion run on the GPU only: tests/test_kernels_families_gpu.py.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -536,3 +538,27 @@ def test_row_constraints_name_what_is_wrong() -> None:
     reason = space.check(Config.of(row_config(16384, 1, 16, 3)), big)
     assert reason is not None and "393216 B of shared memory" in reason
     assert space.check(Config.of(row_config(1024, 2, 4, 1)), family.parse_problem(rows(1, 1000, "fp32")))
+
+
+# ---- a user family end to end: `tilepilot tune --backend interpret` on Ray workers ---------------------
+@pytest.mark.slow  # starts Ray: about 30 s on a 2-core machine
+def test_user_family_tunes_end_to_end_with_tilepilot_tune_on_the_interpreter(tmp_path: Path) -> None:
+    db = tmp_path / "my.db"
+    env = {**os.environ, **USER_ENV}
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-m", "tilepilot", "tune", str(REPO / "campaigns" / "my-kernel.toml"),
+                           "--backend", "interpret", "--db", str(db)], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "campaign my-kernel finished (interpret" in proc.stdout
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT e.kernel, e.backend, r.status, r.timing_method, r.max_rel_err FROM experiments e "
+                           "JOIN results r ON r.experiment_key = e.key").fetchall()
+        winners = con.execute("SELECT COUNT(*) FROM winners").fetchone()[0]
+    finally:
+        con.close()
+    assert len(rows) == 4 * 2 and winners == 2  # budget 4 on each of the campaign's 2 problems
+    for kernel, backend, status, method, err in rows:
+        assert (kernel, backend, status, method) == (USER_FAMILY, "interpret", "ok", "cpu-wallclock")
+        assert 0 <= err < 1e-3
