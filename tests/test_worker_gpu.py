@@ -61,6 +61,9 @@ def test_gpu_worker_reports_its_gpu_and_samples_it(gpu_worker: Any) -> None:
 
 def test_compile_ahead_then_evaluate_hits_the_cache(gpu_worker: Any, cache_env: dict[str, str]) -> None:
     target = info(gpu_worker).target
+    # a first compile in the child pays one-time costs (Triton's backend loading): not what is measured
+    [warm] = ray.get(gpu_worker.evaluate.remote("matmul", PROBLEM, [cfg(32, 32, 32, s=2)], TIMEOUT_S))
+    assert warm.status is Status.OK, warm.message
     configs = [cfg(64, 64, 32), cfg(128, 128, 64, w=8, s=4)]
     pool = CompilePool(env=cache_env)
     try:
