@@ -26,10 +26,12 @@ float32 ulps move y / scale across a rounding midpoint of the fp8 grid for about
 10^5, and that element is then one fp8 ulp away (up to 1/8 of its value).
 
 Correctness, two ways:
-- the evaluator's ||out - ref|| / ||ref|| over (q, scale) against `tolerance` = 5e-3: q is
-  compared in fp8 units (every group spans up to ±448, so groups weigh alike), the scales
-  weigh nothing beside q (they are ~1e-2). Measured: 1-ulp flips in 1e-5 of the elements give
-  ~5e-4; 1-ulp flips in 1% of them ~8e-3; rounding toward zero instead of to nearest ~6e-2;
+- the evaluator's ||out - ref|| / ||ref|| over (q, scale): q is compared in fp8 units (every
+  group spans up to ±448, so groups weigh alike; rms ~90), the scales weigh nothing beside q
+  (they are ~1e-2). Measured on 1M elements: 1-ulp flips in 1e-5 of them give ~5e-4, in 1% of
+  them ~8e-3; rounding toward zero instead of to nearest gives ~6e-2. The tolerance is 5e-3,
+  raised for small problems to leave room for 4 elements one step off at the top of the range
+  (a step of 32 there): 2 · 32 / (90 · sqrt(T·H)), 1.1e-2 at T·H = 4096;
 - `compare()`: dequantised values (||q·s - q_ref·s_ref|| / ||q_ref·s_ref||) and scales
   (||s - s_ref|| / ||s_ref||, ~1e-6 for a correct kernel) each against the same tolerance,
   with the largest fp8 ulp distance and the number of elements off by one ulp or more. A
@@ -62,6 +64,9 @@ MAX_T = 2**31 - 1
 MAX_H = 2**20
 MAX_ELEMENTS = 2**31 - 1  # x has T·2H elements, indexed with 32-bit offsets
 TOLERANCE = 5e-3
+Q_RMS = 90.0  # rms of q in fp8 units for these inputs (measured: 88 to 111)
+TOP_STEP = 32.0  # spacing of e4m3 values in [256, 448]
+ALLOWED_FLIPS = 4
 FLOPS_PER_ELEMENT = 7
 ROW_SCALE_LOG2 = 3.0
 WARP = 32
@@ -262,7 +267,8 @@ class SiluMulFp8QuantFamily(KernelFamily):
         return (q.view(t, h).float(), scale)
 
     def tolerance(self, problem: Problem) -> float:
-        return TOLERANCE
+        t, h = dims(problem)
+        return max(TOLERANCE, TOP_STEP * math.sqrt(ALLOWED_FLIPS) / (Q_RMS * math.sqrt(t * h)))
 
     def compare(self, out: tuple[Any, Any], ref: tuple[Any, Any]) -> QuantCheck:
         """Dequantised values and scales against the reference (see the module docstring)."""
