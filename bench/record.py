@@ -11,9 +11,17 @@ problem is evaluated by the same `Evaluator` the workers use (verification on 3 
 interleaved timing with CUDA events, L2 flushed before each launch).
 
 One line per (problem, config), appended per problem; pairs already in --out are skipped, so a
-run cut short by --time-budget-s is resumed by running the same command again. The cuBLAS time
-of each problem (torch.matmul, timed the same way) goes to --cublas-out (one JSON object keyed
-by problem label). --log gets one entry per invocation (command, device, versions, wall time).
+run cut short by --time-budget-s is resumed by running the same command again. A line:
+{"kernel", "problem": {M, N, K, dtype}, "config": {6 params}, "status", "median_ms", "p20_ms",
+"p80_ms", "min_ms", "reps" (null unless ok), "max_rel_err", "sm_clock_mhz", "power_w", "temp_c"
+(NVML after the timing; null for never-launched configs), "message", "device", "driver", "torch",
+"triton", "recorded_at" (YYYY-MM-DD), "compile_ms", "shared_bytes", "n_regs", "n_spills",
+"l2_flushed", "method", "kernel_version"}; floats rounded to 5 significant digits. Configs that
+violate the space's constraints are recorded as "invalid" with the reason.
+
+The cuBLAS time of each problem (torch.matmul, timed the same way by Evaluator.baseline) goes
+to --cublas-out: one JSON object with the device and versions and "problems" keyed by problem
+label. --log gets one entry per invocation (command, device, versions, wall time).
 
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
 interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`

@@ -240,8 +240,8 @@ class Evaluator:
         tele = telemetry.result_telemetry(self.gpu_uuid())
         results = []
         for config, outcome in zip(configs, outcomes, strict=True):
-            if isinstance(outcome, Result):
-                results.append(_with_telemetry(outcome, tele))
+            if isinstance(outcome, Result):  # a never-launched (invalid) config gets no telemetry
+                results.append(outcome if outcome.status is Status.INVALID else _with_telemetry(outcome, tele))
             else:
                 results.append(Result(problem, config, Status.OK, self.environment(), timings[outcome.index],
                                       max_rel_err=outcome.max_rel_err, compile_ms=outcome.compile_ms,
