@@ -23,7 +23,7 @@ CAMPAIGN_KEYS = {
     "kernel": "a registered kernel family",
     "proposer": "a proposer name",
     "budget": "distinct configs to measure per problem (1 to 100000)",
-    "seed": "an integer",
+    "seed": "an integer from 0 to 4294967295",
     "description": "free text",
 }
 TOP_KEYS = ("campaign", "problems", "space", "configs")
@@ -64,9 +64,11 @@ def load_campaign(
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")  # a byte-order mark is not TOML's business
     except FileNotFoundError:
         raise CampaignError(f"campaign file {str(p)!r} does not exist") from None
+    except IsADirectoryError:
+        raise CampaignError(f"campaign file {str(p)!r} is a directory") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CampaignError(f"campaign file {str(p)!r} cannot be read: {e}") from None
     return parse_campaign(text, kernels=kernels, proposers=proposers,
@@ -111,8 +113,8 @@ def parse_campaign(
     if not 1 <= budget <= 100_000:
         raise CampaignError(f"{origin}: campaign.budget={budget} is not {CAMPAIGN_KEYS['budget']}")
     seed = head.get("seed", 0)
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise CampaignError(f"{origin}: campaign.seed={seed!r} is not an integer")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:
+        raise CampaignError(f"{origin}: campaign.seed={seed!r} is not {CAMPAIGN_KEYS['seed']}")
     description = head.get("description", "")
     if not isinstance(description, str) or len(description) > 2000:
         raise CampaignError(f"{origin}: campaign.description must be text of at most 2000 characters")

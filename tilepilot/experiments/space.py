@@ -57,6 +57,8 @@ class SearchSpace:
 
         Raises InputError naming every unknown key, missing key and out-of-range value.
         """
+        if not isinstance(data, Mapping):
+            raise InputError(f"bad config: {data!r:.80} is not a table of parameter = value")
         problems: list[str] = []
         unknown = sorted(set(data) - set(self.names))
         if unknown:

@@ -148,6 +148,8 @@ class MatmulFamily(KernelFamily):
 
 # ---- helpers shared with the faults family ---------------------------------------------------
 def parse_matmul_problem(raw: Mapping[str, Any]) -> Problem:
+    if not isinstance(raw, Mapping):
+        raise InputError(f"matmul problem {raw!r:.80} is not a table of M, N, K, dtype")
     allowed = ("M", "N", "K", "dtype")
     unknown = sorted(set(raw) - set(allowed))
     if unknown:

@@ -158,8 +158,10 @@ def load_dataset(path: str | Path, family: KernelFamily) -> ReplayDataset:
 
 
 def _baseline(obj: Mapping[str, Any], family: KernelFamily, where: str) -> tuple[Problem, Timing]:
+    if not isinstance(obj.get("problem"), dict):
+        raise DatasetError(f"{where}: problem={obj.get('problem')!r:.80} is not a JSON object")
     try:
-        problem = family.parse_problem(obj.get("problem", {}))
+        problem = family.parse_problem(obj["problem"])
     except InputError as e:
         raise DatasetError(f"{where}: {e}") from None
     median = _number(obj.get("median_ms"), where, "median_ms")
@@ -167,13 +169,24 @@ def _baseline(obj: Mapping[str, Any], family: KernelFamily, where: str) -> tuple
         raise DatasetError(f"{where}: a baseline line needs median_ms")
     p20 = _number(obj.get("p20_ms"), where, "p20_ms") or median
     p80 = _number(obj.get("p80_ms"), where, "p80_ms") or median
-    return problem, Timing(median, p20, p80, p20, int(obj.get("reps") or 0), True, "replay")
+    return problem, Timing(median, p20, p80, p20, _reps(obj.get("reps"), where), True, "replay")
+
+
+def _reps(v: object, where: str) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 10**9:
+        raise DatasetError(f"{where}: reps={v!r:.80} is not a whole number from 0 to 1000000000")
+    return v
 
 
 def _record(obj: Mapping[str, Any], family: KernelFamily, space: SearchSpace, where: str) -> Record:
     missing = [k for k in REQUIRED if k not in obj]
     if missing:
         raise DatasetError(f"{where}: missing key(s) {', '.join(missing)}")
+    for key in ("problem", "config"):
+        if not isinstance(obj[key], dict):
+            raise DatasetError(f"{where}: {key}={obj[key]!r:.80} is not a JSON object")
     try:
         problem = family.parse_problem(obj["problem"])
         config = space.parse(obj["config"])
@@ -189,7 +202,7 @@ def _record(obj: Mapping[str, Any], family: KernelFamily, space: SearchSpace, wh
         problem=problem, config=config, status=status, median_ms=median,
         p20_ms=_number(obj.get("p20_ms"), where, "p20_ms"),
         p80_ms=_number(obj.get("p80_ms"), where, "p80_ms"),
-        reps=int(obj.get("reps") or 0), message=str(obj.get("message") or ""), env=env,
+        reps=_reps(obj.get("reps"), where), message=str(obj.get("message") or ""), env=env,
         sm_clock_mhz=_number(obj.get("sm_clock_mhz"), where, "sm_clock_mhz"),
         max_rel_err=_number(obj.get("max_rel_err"), where, "max_rel_err", positive=False),
     )

@@ -85,6 +85,9 @@ def plan(opts: TuneOptions) -> Plan:
     backend = resolve_backend(opts.backend, opts.address, opts.dataset)
     narrow = dict(campaign.space)
     if backend == "replay":
+        for flag, value in (("--address", opts.address), ("--workers", opts.workers)):
+            if value is not None:
+                raise InputError(f"{flag} is for the gpu and interpret backends, not replay")
         dataset = load_dataset(opts.dataset or default_dataset(campaign.kernel), family)
         if not campaign.problems:
             campaign = campaign.with_problems(dataset.problems)
@@ -175,14 +178,14 @@ def make_executor(p: Plan, opts: TuneOptions) -> Executor:
 
 def tune(opts: TuneOptions, *, on_progress: ProgressFn | None = None) -> Outcome:
     p = plan(opts)
-    executor = make_executor(p, opts)
+    store = Store(opts.db)  # a bad --db fails here, before any worker starts
     try:
-        store = Store(opts.db)
+        executor = make_executor(p, opts)
         try:
             campaign_id = open_campaign(store, p, opts, executor.environment.device)
-            driver = Driver(p.campaign, p.family, store, executor, spaces=p.spaces,
-                            campaign_id=campaign_id, first=p.first, on_progress=on_progress)
             try:
+                driver = Driver(p.campaign, p.family, store, executor, spaces=p.spaces,
+                                campaign_id=campaign_id, first=p.first, on_progress=on_progress)
                 winners = driver.run()
             except BaseException:
                 store.set_campaign_state(campaign_id, "interrupted")
@@ -191,6 +194,6 @@ def tune(opts: TuneOptions, *, on_progress: ProgressFn | None = None) -> Outcome
                 raise
             return Outcome(p, campaign_id, executor.environment.device, winners)
         finally:
-            store.close()
+            executor.close()
     finally:
-        executor.close()
+        store.close()

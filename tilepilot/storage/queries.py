@@ -128,6 +128,8 @@ def _problem_filter(problem: Mapping[str, Any] | str, where: list[str], params: 
             raise InputError(f"bad problem parameter name {name!r} (letters, digits and '_')")
         if not isinstance(value, int | float | str | bool):
             raise InputError(f"problem {name}={value!r} is not a number, text or boolean")
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise InputError(f"problem {name}={value} is out of range (a 64-bit integer)")
         where.append("json_extract(e.problem, ?) = ?")
         params.extend([f'$."{name}"', value])
 
@@ -157,8 +159,8 @@ def _statuses(status: str | Sequence[str]) -> list[str]:
 def _limit(limit: int | None) -> int:
     if limit is None:
         return -1
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise InputError(f"limit={limit!r} is not a positive integer")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit < 2**63:
+        raise InputError(f"limit={limit!r} is not a positive integer (below 2**63)")
     return limit
 
 

@@ -360,21 +360,33 @@ def open_database(path: Path, *, readonly: bool) -> sqlite_utils.Database:
     not a tilepilot database, or a schema this code cannot use.
     """
     origin = str(path)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # a name too long, a component that is not a folder, ...
+        raise InputError(f"cannot open database {origin!r}: {e.strerror}") from None
     if readonly and not path.is_file():
         raise InputError(f"no tilepilot database at {origin!r} (run `tilepilot tune` first or pass --db)")
     if not readonly and not path.parent.is_dir():
         raise InputError(f"cannot create database {origin!r}: folder {str(path.parent)!r} does not exist")
-    db = connect(path, readonly=readonly)
+    if path.exists() and not path.is_file():
+        raise InputError(f"database {origin!r} is not a file")
+    try:
+        db = connect(path, readonly=readonly)
+    except sqlite3.OperationalError as e:  # a name the file system refuses, no permission
+        raise InputError(f"cannot open database {origin!r}: {e}") from None
     try:
         if readonly:
             check_readable(db, origin)
         else:
+            _usable_version(db, origin)  # refuse another program's file before touching it
             db.enable_wal()
             migrate(db, origin)
     except sqlite3.DatabaseError as e:
         db.close()
-        if isinstance(e, sqlite3.OperationalError):  # locked, I/O, ...: not the user's input
-            raise
+        if isinstance(e, sqlite3.OperationalError) and path.is_file() and "unable to open" not in str(e):
+            raise  # locked, I/O: not the user's input
         raise InputError(f"{origin!r} is not a tilepilot database ({e})") from None
     except BaseException:
         db.close()
