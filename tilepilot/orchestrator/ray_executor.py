@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -27,7 +27,8 @@ from tilepilot.experiments import (
 from tilepilot.kernels.base import KernelFamily
 from tilepilot.orchestrator.compile_pool import CompilePool
 from tilepilot.orchestrator.executor import Batch, Executor, Verdict
-from tilepilot.orchestrator.worker import EvalWorker
+from tilepilot.orchestrator.ray_runtime import fetch
+from tilepilot.orchestrator.worker import GPU_WORKER_CPUS, EvalWorker
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class RayExecutor(Executor):
         self.timeout_s = timeout_s or CONFIG_TIMEOUT_S[backend]
         self.kernel_version = family.kernel_version()
         self.workers = self._start_workers(workers)
-        infos = ray.get([w.info.remote() for w in self.workers])
+        infos = fetch([w.info.remote() for w in self.workers])
         self.infos = dict(zip(self.workers, infos, strict=True))
         devices = sorted({i.environment.device for i in infos})
         if len(devices) > 1:
@@ -59,7 +60,7 @@ class RayExecutor(Executor):
                              "run one campaign per device model")
         self.environment: Environment = infos[0].environment
         self.target = infos[0].target
-        self.pool = CompilePool() if backend == "gpu" else None
+        self.pool = CompilePool(gpu_worker_cpus=GPU_WORKER_CPUS) if backend == "gpu" else None
         self.idle: list[Any] = list(self.workers)
         self.compiling: list[_Pending] = []
         self.ready: list[_Pending] = []
@@ -73,11 +74,12 @@ class RayExecutor(Executor):
                 raise InputError("backend 'gpu' needs a GPU, and the Ray cluster has none "
                                  "(use --backend replay or interpret)")
             n = min(count or gpus, gpus)
-            opts: dict[str, Any] = {"num_gpus": 1, "num_cpus": 1}
+            opts: dict[str, Any] = {"num_gpus": 1, "num_cpus": GPU_WORKER_CPUS}
         else:
             n = count or 1
             opts = {"num_gpus": 0, "num_cpus": 1}
-        return [EvalWorker.options(**opts).remote(self.backend) for _ in range(n)]
+        return [EvalWorker.options(**opts).remote(self.backend, worker_id=f"{self.backend}-{i}")
+                for i in range(n)]
 
     # ---- Executor ------------------------------------------------------------------------
     def free_slots(self) -> int:
@@ -109,7 +111,9 @@ class RayExecutor(Executor):
             if ref in self.running_refs:
                 worker, pending = self.running_refs.pop(ref)
                 self.idle.append(worker)
-                finished.append((pending.batch, self._merge(pending, ray.get(ref))))
+                wid = self.infos[worker].worker_id
+                results = [replace(r, extra={**r.extra, "worker": wid}) for r in fetch(ref)]
+                finished.append((pending.batch, self._merge(pending, results)))
             else:
                 self._compiled(ref)
         self._start_ready()
@@ -117,22 +121,21 @@ class RayExecutor(Executor):
 
     def remeasure(self, problem: Problem, configs: Sequence[Config]) -> list[Result]:
         worker = self.workers[0]
-        return ray.get(worker.remeasure.remote(self.family.name, problem, list(configs), 5,
-                                               self.timeout_s * len(configs)))
+        return fetch(worker.remeasure.remote(self.family.name, problem, list(configs), 5, self.timeout_s))
 
     def recheck(self, problem: Problem, config: Config) -> Verdict | None:
-        check = ray.get(self.workers[0].recheck.remote(self.family.name, problem, config, self.timeout_s))
+        check = fetch(self.workers[0].recheck.remote(self.family.name, problem, config, self.timeout_s))
         return Verdict(check.passed, check.max_rel_err, check.message)
 
     def baseline(self, problem: Problem) -> tuple[str, Timing] | None:
-        timing = ray.get(self.workers[0].baseline.remote(self.family.name, problem, self.timeout_s))
+        timing = fetch(self.workers[0].baseline.remote(self.family.name, problem, self.timeout_s))
         return ("cuBLAS (torch.matmul)" if self.family.name.startswith("matmul") else "vendor", timing) \
             if timing else None
 
     def samples(self) -> list[GpuSample]:
         if self.backend != "gpu":
             return []
-        return [s for s in ray.get([w.sample.remote() for w in self.workers]) if s is not None]
+        return [s for s in fetch([w.sample.remote() for w in self.workers]) if s is not None]
 
     def running(self) -> dict[str, str]:
         return {self.infos[w].worker_id: p.batch.problem.label() for w, p in self.running_refs.values()}
@@ -147,7 +150,7 @@ class RayExecutor(Executor):
     def _compiled(self, ref: Any) -> None:
         pending = next(p for p in self.compiling if ref in p.compiles)
         index = pending.compiles.pop(ref)
-        outcome = ray.get(ref)
+        outcome = fetch(ref)
         if outcome.status is not Status.OK:
             pending.failed[index] = Result(
                 problem=pending.batch.problem, config=pending.batch.configs[index],
