@@ -62,10 +62,10 @@ PROPOSERS = ("random", "grid", "optuna", "rules", "portfolio")
 BUDGET_FRACTIONS = (0.05, 0.10, 0.20)
 # The problems the rules model's constants were developed on (labels as Problem.label()).
 DEV_PROBLEMS = (
-    "M=4096 N=4096 K=4096 dtype=bf16",
-    "M=64 N=4096 K=4096 dtype=bf16",
-    "M=16384 N=1024 K=1024 dtype=bf16",
-    "M=1 N=4096 K=4096 dtype=bf16",
+    "M=4096 N=4096 K=4096 bf16",
+    "M=64 N=4096 K=4096 bf16",
+    "M=16384 N=1024 K=1024 bf16",
+    "M=1 N=4096 K=4096 bf16",
 )
 
 

@@ -74,8 +74,11 @@ def test_roofline_calls_a_skinny_problem_memory_bound_and_a_square_one_compute_b
 
 
 def test_skinny_m_starts_with_the_smallest_block_m() -> None:
-    first = rules(SKINNY).propose(SearchState(), 4)
-    assert {c.config["BLOCK_SIZE_M"] for c in first} == {64}
+    p = rules(SKINNY)
+    assert p.propose(SearchState(), 1)[0].config["BLOCK_SIZE_M"] == 64
+    launchable = [c for c in UNCHECKED if (e := p.estimate(c)) is not None and e.launches]
+    best = {bm: min(p.prior_ms(c) for c in launchable if c["BLOCK_SIZE_M"] == bm) for bm in (64, 128, 256)}
+    assert best[64] < best[128] < best[256]
 
 
 def test_rationale_names_tiles_waves_shared_memory_and_a_hypothesis() -> None:
@@ -99,7 +102,7 @@ def test_measurements_move_the_ranking_when_the_prior_is_wrong() -> None:
     optimum = min(truth.values())
     prior_order = sorted(truth, key=p.prior_ms)
     static_rank = next(i for i, c in enumerate(prior_order, start=1) if truth[c] <= optimum * 1.02)
-    assert static_rank > 30, "the case must fool the prior"
+    assert static_rank > 16, "the case must fool the prior past the budget"
     state = drive(p, budget=16, answer=lambda c: timed(SQUARE, c, truth[c]))
     best = state.best()
     assert best is not None and best.median_ms is not None

@@ -1,8 +1,8 @@
 """The device's ceilings and the roofline of a GEMM problem, for the `rules` proposer.
 
-Numbers are datasheet-level unless marked measured; each one names its source, because the
-rules proposer's explanations quote them. Only the H100 SXM is described so far: the
-proposer context carries no device, so `H100_SXM` is the assumption every prediction makes.
+Limits (SMs, shared memory, registers) are the datasheet's; the two ceilings are measured
+(see `H100_SXM`). Only the H100 SXM is described so far: the proposer context carries no
+device, so `H100_SXM` is the assumption every prediction makes.
 """
 
 from __future__ import annotations
@@ -37,13 +37,15 @@ class Device:
 
 # Datasheet (NVIDIA H100 SXM5 80GB): 132 SMs, 989 TFLOP/s dense bf16/fp16, 3.35 TB/s HBM3, 50 MB L2,
 # 228 KiB shared memory per SM (227 KiB per block), 64K registers per SM, 255 per thread.
-# The two ceilings below are ASSUMPTIONS at the level reached in practice, not measurements:
-# 75% of the tensor peak (large bf16 GEMMs in cuBLAS) and 90% of the HBM peak (streaming reads).
+# The two ceilings are MEASURED on an "NVIDIA H100 80GB HBM3" (driver 580.159.04, torch 2.11,
+# bench/results/matmul-h100-cublas.json, 2026-11-21), as cuBLAS reaches them with L2 flushed and
+# launch included, on two development problems of bench/search.py: 783 TFLOP/s on
+# M=N=K=4096 bf16, and 1671 GB/s of compulsory traffic on M=64 N=K=4096 bf16 (34.6 MB in 20.7 us).
 H100_SXM = Device(
-    name="NVIDIA H100 SXM (assumed)",
+    name="NVIDIA H100 SXM",
     sms=132,
-    peak_tflops=0.75 * 989.0,
-    hbm_gbps=0.90 * 3350.0,
+    peak_tflops=783.0,
+    hbm_gbps=1671.0,
     l2_bytes=50 * 2**20,
     smem_per_sm=228 * 1024,
     smem_per_block=227 * 1024,
@@ -51,7 +53,7 @@ H100_SXM = Device(
     max_regs_per_thread=255,
     max_warps_per_sm=64,
     max_blocks_per_sm=32,
-    source="datasheet ceilings scaled to 75% of 989 TFLOP/s and 90% of 3.35 TB/s (assumptions)",
+    source="cuBLAS-measured ceilings 783 TFLOP/s and 1671 GB/s; datasheet limits",
 )
 
 
