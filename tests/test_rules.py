@@ -137,3 +137,15 @@ def test_a_space_without_tile_parameters_is_still_searched() -> None:
     best = state.best()
     assert best is not None and best.config["x"] == 6
     assert math.isclose(best.median_ms or 0, 1.0)
+
+
+def test_a_compile_error_ranks_down_the_same_tile_shape() -> None:
+    p = rules()
+    first = p.propose(SearchState(), 1)[0].config
+    failed = Result(SQUARE, first, Status.COMPILE_ERROR, ENV, message="synthetic: compile error")
+    p.observe([failed])
+    nxt = p.propose(SearchState(results={first: failed}), 3)
+    shape = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps")
+    assert all(tuple(c.config[k] for k in shape) != tuple(first[k] for k in shape) for c in nxt)
+    same = next(c for c in UNCHECKED if c != first and all(c[k] == first[k] for k in shape))
+    assert "ranked down" in p._why(same, 1.0, 0.1, None, 0)

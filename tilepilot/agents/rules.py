@@ -6,9 +6,10 @@ roofline). Configs the resource model says cannot launch are never proposed. Aft
 arrive, a Gaussian process over the model's log-error (`residual_gp`) corrects the
 prediction of every unmeasured config: a per-problem offset and a smooth correction, so a
 region whose neighbours ran slow drops and one that beat the model rises. Learned failure
-regions: an `out_of_resources` result marks every config that needs at least as much shared
-memory as failing; other failures that never run (compile error, crash, wrong result)
-penalise the configs with the same tile shape and warps. Both are ranked last, not dropped.
+regions: an `out_of_resources` result ranks every config that needs at least as much shared
+memory after all others; other failures that never run (compile error, crash, wrong result)
+penalise the configs with the same tile shape and warps (4x their predicted time in the
+ranking). Neither is dropped, so the search stays exhaustive.
 
 Each batch is picked greedily by the lower confidence bound of the corrected prediction;
 each pick is then added to the GP as if measured at its mean, which spreads a batch out.
@@ -35,7 +36,8 @@ from tilepilot.experiments import Candidate, Config, Result, Status
 
 log = logging.getLogger(__name__)
 
-FAILED_REGION_PENALTY = math.log(4.0)  # added to the log-prediction of a config near a failure
+OUT_OF_RESOURCES_PENALTY = math.log(1e6)  # ranks a config last
+FAILED_SHAPE_PENALTY = math.log(4.0)  # added to the log-prediction of a config near a failure
 
 
 @dataclass(frozen=True)
@@ -83,12 +85,12 @@ class RulesProposer(Proposer):
         for _ in range(min(n, len(pool))):
             i, mean, std = self._pick(gp, pool)
             config = pool.pop(i)
-            predicted = math.exp(self._log_prior(config) + mean)
+            predicted = math.exp(self._log_model(config) + mean)
             known = self.estimate(config) is not None or measured > 0
             out.append(Candidate(self.ctx.problem, config, self.name,
                                  self._why(config, predicted, std, best, measured),
                                  predicted_ms=predicted if known else None))
-            xs.append(self._coords(config) or ())
+            xs.append(self._position(config))
             ys.append(mean)  # believe the mean: the next pick looks elsewhere
             gp.fit(xs, ys)
         return out
@@ -112,12 +114,16 @@ class RulesProposer(Proposer):
         return self._est[config]
 
     def prior_ms(self, config: Config) -> float:
-        return math.exp(self._log_prior(config))
+        """The model's time before any measurement (1.0 in a space without a tile model)."""
+        return math.exp(self._log_model(config))
 
-    def _log_prior(self, config: Config) -> float:
+    def _log_model(self, config: Config) -> float:
         est = self.estimate(config)
-        base = 0.0 if est is None else math.log(est.predicted_ms)
-        return base + (FAILED_REGION_PENALTY if self._near_failure(config) else 0.0)
+        return 0.0 if est is None else math.log(est.predicted_ms)
+
+    def _rank_key(self, config: Config) -> float:
+        """The log-prediction plus what the failures seen so far say about the config."""
+        return self._log_model(config) + self._penalty(config)
 
     def _configs(self) -> list[Config]:
         """Valid configs the resource model lets launch, in the model's order (ties: space order)."""
@@ -129,7 +135,7 @@ class RulesProposer(Proposer):
                 log.debug("rules: %d configs of %s cannot launch by the resource model", dropped,
                           self.ctx.problem.label())
             order = {c: i for i, c in enumerate(runnable)}
-            self._pool = sorted(runnable, key=lambda c: (self._log_prior(c), order[c]))
+            self._pool = sorted(runnable, key=lambda c: (self._rank_key(c), order[c]))
         return list(self._pool)
 
     def _training(self) -> tuple[list[tuple[float, ...]], list[float]]:
@@ -139,7 +145,7 @@ class RulesProposer(Proposer):
             x = self._coords(config)
             if r.status is Status.OK and r.median_ms is not None and x is not None:
                 xs.append(x)
-                ys.append(math.log(r.median_ms) - self._log_prior(config))
+                ys.append(math.log(r.median_ms) - self._log_model(config))
         return xs, ys
 
     def _believe_pending(self, gp: ResidualGp, xs: list[tuple[float, ...]], ys: list[float],
@@ -153,8 +159,8 @@ class RulesProposer(Proposer):
             gp.fit(xs, ys)
 
     def _pick(self, gp: ResidualGp, pool: list[Config]) -> tuple[int, float, float]:
-        means, stds = gp.predict([self._coords(c) or () for c in pool])
-        priors = np.array([self._log_prior(c) for c in pool])
+        means, stds = gp.predict([self._position(c) for c in pool])
+        priors = np.array([self._rank_key(c) for c in pool])
         score = priors + means - self.settings.kappa * stds
         i = int(np.argmin(score))  # first minimum: ties keep the prior order
         return i, float(means[i]), float(stds[i])
@@ -169,6 +175,12 @@ class RulesProposer(Proposer):
                 return None
             out.append(pos / self.settings.lengthscales.get(p.name, self.settings.default_lengthscale))
         return tuple(out)
+
+    def _position(self, config: Config) -> tuple[float, ...]:
+        x = self._coords(config)
+        if x is None:
+            raise ValueError(f"config {config.label()} lies outside the space")
+        return x
 
     def _gp_settings(self) -> GpSettings:
         s = self.settings
@@ -189,21 +201,21 @@ class RulesProposer(Proposer):
             self._bad_shapes.add((t.bm, t.bn, t.bk, t.warps))
         self._pool = None  # re-rank
 
-    def _near_failure(self, config: Config) -> bool:
+    def _penalty(self, config: Config) -> float:
         est = self.estimate(config)
         if est is None:
-            return False
+            return 0.0
         if self._smem_cap is not None and est.shared_bytes >= self._smem_cap:
-            return True
+            return OUT_OF_RESOURCES_PENALTY
         t = est.tile
-        return (t.bm, t.bn, t.bk, t.warps) in self._bad_shapes
+        return FAILED_SHAPE_PENALTY if (t.bm, t.bn, t.bk, t.warps) in self._bad_shapes else 0.0
 
     # ---- explaining ----------------------------------------------------------------
     def _why(self, config: Config, predicted: float, std: float, best: Result | None, measured: int) -> str:
         est = self.estimate(config)
         reason = describe(est, self.roofline, self.device) if est else "no tile model for this space"
-        if self._near_failure(config):
-            reason += "; near a config that failed to run"
+        if self._penalty(config):
+            reason += "; ranked down: near a config that failed to run"
         if measured:
             prior = est.predicted_ms if est else 1.0
             reason += f"; model ×{predicted / prior:.2f} after {measured} measured"
