@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 from tilepilot.experiments import InputError
 
@@ -40,12 +41,17 @@ def check_db(db: str) -> None:
         raise InputError(f"database {db!r} does not exist (run `tilepilot tune` first, or pass --db PATH)")
 
 
-def start(db: str, host: str = "127.0.0.1", port: int = 8501) -> subprocess.Popen[bytes]:
-    """Start the server and return at once; the caller owns the process."""
+def start(db: str, host: str = "127.0.0.1", port: int = 8501, *,
+          output: IO[bytes] | int | None = None) -> subprocess.Popen[bytes]:
+    """Start the server and return at once; the caller owns the process.
+
+    `output` receives the server's stdout and stderr (default: this process's own).
+    """
     check_db(db)
     cmd = command(db, host, port)
     log.info("dashboard for %s on http://%s:%d", db, host, port)
-    return subprocess.Popen(cmd, env=child_env())
+    stderr = None if output is None else subprocess.STDOUT
+    return subprocess.Popen(cmd, env=child_env(), stdout=output, stderr=stderr)
 
 
 def child_env() -> dict[str, str]:

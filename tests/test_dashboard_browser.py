@@ -1,0 +1,229 @@
+"""The real dashboard server, driven by Debian's headless Chromium.
+
+Streamlit sends the page over a websocket after the HTML has loaded, and `--dump-dom` with
+`--virtual-time-budget` does not wait for those messages (it returns the loading skeleton).
+So Chromium is driven through the DevTools protocol over a pipe (`--remote-debugging-pipe`,
+no port opened) and the rendered DOM is read in real time, in the same page, while the test
+writes to the store as a campaign driver would: the page must follow without a reload.
+
+Without Chromium the browser tests skip, except under CI (env CI set), where they fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import dashboard_fixture as fx
+from tilepilot.dashboard import launch, text
+
+START_TIMEOUT_S = 90
+WAIT_S = 45  # a live change must show within this (refresh 2 s + cache TTL 2 s, on a slow CI box)
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--remote-debugging-pipe")
+
+
+class Chromium:
+    """Headless Chromium spoken to through the DevTools protocol on fds 3 (in) and 4 (out)."""
+
+    def __init__(self, binary: str, profile: Path) -> None:
+        to_child, self._cmd_w = os.pipe()
+        self._out_r, from_child = os.pipe()
+
+        def onto_3_and_4() -> None:  # in the child: the pipe ends Chromium expects
+            a, b = os.dup(to_child), os.dup(from_child)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
+
+        self.proc = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            pass_fds=(3, 4), preexec_fn=onto_3_and_4, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_child)
+        os.close(from_child)
+        self._buf = b""
+        self._id = 0
+
+    def send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> Any:
+        self._id += 1
+        msg: dict[str, Any] = {"id": self._id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
+        while True:  # skip events until our answer comes
+            while b"\0" not in self._buf:
+                chunk = os.read(self._out_r, 1 << 16)
+                if not chunk:
+                    raise RuntimeError("Chromium closed the DevTools pipe")
+                self._buf += chunk
+            raw, self._buf = self._buf.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def open(self, url: str) -> str:
+        """Open `url` in a new tab; returns the session id to talk to it."""
+        target = self.send("Target.createTarget", {"url": url})["targetId"]
+        return self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+
+    def eval(self, session: str, expression: str) -> Any:
+        reply = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True}, session)
+        return reply["result"].get("value")
+
+    def text(self, session: str) -> str:
+        return self.eval(session, "document.body ? document.body.innerText : ''") or ""
+
+    def wait_for(self, session: str, *needles: str, timeout: float = WAIT_S) -> str:
+        """Poll the rendered text until it holds every needle; returns that text."""
+        deadline = time.monotonic() + timeout
+        seen = ""
+        while time.monotonic() < deadline:
+            seen = self.text(session)
+            if all(n in seen for n in needles):
+                return seen
+            time.sleep(0.25)
+        missing = [n for n in needles if n not in seen]
+        raise AssertionError(f"page never showed {missing}; it shows:\n{seen}")
+
+    def close(self) -> None:
+        """Ask Chromium to quit, then end what is left of the process group it leads."""
+        with contextlib.suppress(RuntimeError, OSError):
+            self.send("Browser.close")
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # helpers of this browser only: its own group
+        os.close(self._cmd_w)
+        os.close(self._out_r)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n{log.read_text()}")
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.read() == b"ok":
+                    return
+        time.sleep(0.2)
+    raise AssertionError(f"no /_stcore/health == ok after {START_TIMEOUT_S} s:\n{log.read_text()}")
+
+
+class Server:
+    def __init__(self, live: fx.Live, url: str, port: int) -> None:
+        self.live, self.url, self.port = live, url, port
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    folder = tmp_path_factory.mktemp("dashboard")
+    live = fx.build(folder / "dash.db")
+    port = free_port()
+    log = folder / "server.log"
+    with log.open("wb") as out:
+        proc = launch.start(str(folder / "dash.db"), port=port, output=out)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield Server(live, url, port)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        live.store.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Chromium]:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        message = "Chromium is not installed (apt-get install -y chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message + ": the browser tests must run under CI")
+        pytest.skip(message)
+    chromium = Chromium(binary, tmp_path / "chromium-profile")
+    try:
+        yield chromium
+    finally:
+        chromium.close()
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses (hex, as /proc writes them) of the sockets listening on `port`."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hex_port = local.split(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.append(addr)
+    return found
+
+
+def test_server_listens_on_loopback_only_by_default(server: Server):
+    if not Path("/proc/net/tcp").exists():
+        pytest.skip("needs Linux /proc/net/tcp to list listening sockets")
+    assert _listening(server.port) == ["0100007F"]  # 127.0.0.1, and no IPv6 or wildcard socket
+
+
+def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Server, browser: Chromium):
+    tab = browser.open(server.url + "/")
+    shown = browser.wait_for(tab, "mm-live · running", "4/16", "best 0.4321 ms", "best 1.234 ms",
+                             text.source("gpu", fx.DEVICE))
+    assert "Running\n\n1" in shown and "Queued\n\n2" in shown
+    assert fx.HOSTILE in shown  # the campaign description, verbatim
+    assert browser.eval(tab, "document.getElementById('injected') === null") is True
+    browser.eval(tab, "window.__tilepilot_same_page = true")
+
+    live = server.live
+    key = live.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
+    live.store.set_queue_state(live.queue_ids["p1-next"], "done", worker="gpu-0", experiment_key=key)
+    shown = browser.wait_for(tab, "5/16", "best 0.3999 ms")
+    assert "Running\n\n0" in shown
+    live.store.set_campaign_state(live.campaign_id, "finished")
+    browser.wait_for(tab, "mm-live · finished")
+    assert browser.eval(tab, "window.__tilepilot_same_page === true") is True  # updated in place
+
+
+def test_gpus_and_queue_pages_render_from_the_store(server: Server, browser: Chromium):
+    tab = browser.open(server.url + "/gpus")
+    browser.wait_for(tab, "GPU 0 · Synthetic GPU 80GB", "GPU 1 · Synthetic GPU 80GB", "612 W", "1755 MHz",
+                     "40.0 / 80 GiB", "throttle: sw_power_cap", "now: mm-live M=4096 N=4096 K=512 fp16")
+    tab = browser.open(server.url + "/queue")
+    queued = server.live.store.queued(server.live.campaign_id)
+    browser.wait_for(tab, f"Next ({len(queued)} queued)", "Recently done")
+
+
+def test_wait_for_reports_what_the_page_showed(browser: Chromium):
+    tab = browser.open("about:blank")
+    with pytest.raises(AssertionError, match="never showed"):
+        browser.wait_for(tab, "not on a blank page", timeout=0.5)
