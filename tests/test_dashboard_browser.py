@@ -217,7 +217,7 @@ def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Serv
 def test_gpus_and_queue_pages_render_from_the_store(server: Server, browser: Chromium):
     tab = browser.open(server.url + "/gpus")
     browser.wait_for(tab, "GPU 0 · Synthetic GPU 80GB", "GPU 1 · Synthetic GPU 80GB", "612 W", "1755 MHz",
-                     "40.0 / 80 GiB", "throttle: sw_power_cap", "now: mm-live M=4096 N=4096 K=512 fp16")
+                     "40.0 GiB", "throttle: sw_power_cap", "now: mm-live M=4096 N=4096 K=512 fp16")
     tab = browser.open(server.url + "/queue")
     queued = server.live.store.queued(server.live.campaign_id)
     browser.wait_for(tab, f"Next ({len(queued)} queued)", "Recently done")

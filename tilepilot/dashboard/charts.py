@@ -22,12 +22,12 @@ def convergence_frame(points: Sequence[ConvergencePoint]) -> pd.DataFrame:
     })
 
 
-def convergence_chart(points: Sequence[ConvergencePoint], title: str, y_title: str) -> alt.LayerChart:
+def convergence_chart(points: Sequence[ConvergencePoint], y_title: str) -> alt.LayerChart:
     """Best-so-far as a step line over trials, each ok trial as a point coloured by proposer."""
     frame = convergence_frame(points)
-    base = alt.Chart(frame, title=alt.Title(title, fontSize=12)).encode(
+    base = alt.Chart(frame).encode(
         x=alt.X("trial:Q", title="trial", axis=alt.Axis(tickMinStep=1)))
-    best = base.mark_line(interpolate="step-after", color="#1f77b4").encode(
+    best = base.mark_line(interpolate="step-after", color="#d62728", strokeWidth=2).encode(
         y=alt.Y("best_so_far_ms:Q", title=y_title, scale=alt.Scale(zero=False)),
         tooltip=["trial", "best_so_far_ms"])
     trials = base.transform_filter("datum.median_ms != null").mark_circle(size=28, opacity=0.6).encode(

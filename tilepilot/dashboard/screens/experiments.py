@@ -18,9 +18,9 @@ def table(rows: list[HistoryRow]) -> pd.DataFrame:
     return pd.DataFrame([{
         "campaign": r.campaign or "", "trial": r.seq, "problem": params(r.problem),
         "config": params(r.config), "status": r.status.value, "median (ms)": r.median_ms,
+        "source": source(r.backend, r.device),
         "spread %": None if r.rel_spread is None else 100 * r.rel_spread,
-        "max rel err": r.max_rel_err, "proposer": r.proposer or "",
-        "predicted (ms)": r.predicted_ms, "source": source(r.backend, r.device),
+        "max rel err": r.max_rel_err, "proposer": r.proposer or "", "predicted (ms)": r.predicted_ms,
         "reused": r.reused, "measured": clock(r.measured_at), "rationale": r.rationale or "",
         "message": r.message,
     } for r in rows])

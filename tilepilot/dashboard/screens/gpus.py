@@ -15,10 +15,8 @@ NO_GPU_WHY = (f"no NVML sample in the last {data.GPU_WINDOW_S / 60:.0f} minutes.
               "and replay backends use no GPU and store none.")
 
 
-def _mem(s: GpuSampleRow) -> str:
-    if s.mem_used_mb is None or s.mem_total_mb is None:
-        return "—"
-    return f"{s.mem_used_mb / 1024:.1f} / {s.mem_total_mb / 1024:.0f} GiB"
+def _mem_label(s: GpuSampleRow) -> str:
+    return "Memory" if s.mem_total_mb is None else f"Memory (of {s.mem_total_mb / 1024:.0f} GiB)"
 
 
 def card(samples: list[GpuSampleRow], running: list[QueueRow]) -> None:
@@ -28,16 +26,19 @@ def card(samples: list[GpuSampleRow], running: list[QueueRow]) -> None:
         st.caption(f"{md_escape(last.gpu_uuid)} · last sample {ago(last.ts)}")
         cols = st.columns(5)
         cols[0].metric("Utilisation", num(last.util_pct, "%"))
-        cols[1].metric("Memory", _mem(last))
+        cols[1].metric(_mem_label(last), num(None if last.mem_used_mb is None else last.mem_used_mb / 1024,
+                                             "GiB", 1))
         cols[2].metric("SM clock", num(last.sm_clock_mhz, "MHz"))
         cols[3].metric("Power", num(last.power_w, "W"))
         cols[4].metric("Temperature", num(last.temp_c, "°C"))
-        st.text(f"throttle: {last.throttle or 'none'}")
-        st.text(f"worker: {last.worker or '—'}   now: {last.running or 'idle'}")
-        for q in running:
-            st.text(f"queue: {params(q.problem)} | {params(q.config)} ({q.state}, {q.proposer})")
+        left, right = st.columns([3, 2])
+        with left:
+            st.text(f"throttle: {last.throttle or 'none'}")
+            st.text(f"worker: {last.worker or '—'}   now: {last.running or 'idle'}")
+            for q in running:
+                st.text(f"queue: {params(q.problem)} | {params(q.config)} ({q.state}, {q.proposer})")
         if len(samples) > 1:
-            st.line_chart(charts.gpu_frame(samples), height=140)
+            right.line_chart(charts.gpu_frame(samples), height=160)
 
 
 def body() -> None:
@@ -50,11 +51,9 @@ def body() -> None:
     for q in data.queue_view(path, None).running:
         by_worker.setdefault(q.worker, []).append(q)
     st.caption(f"{len(gpus)} GPU(s) · NVML readings of the last {data.GPU_WINDOW_S / 60:.0f} minutes")
-    cols = st.columns(2)
-    for i, samples in enumerate(gpus.values()):
+    for samples in gpus.values():
         worker = samples[-1].worker
-        with cols[i % 2]:
-            card(samples, by_worker.get(worker, []) if worker else [])
+        card(samples, by_worker.get(worker, []) if worker else [])
 
 
 def main() -> None:

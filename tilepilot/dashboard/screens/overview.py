@@ -84,8 +84,9 @@ def convergence(c: CampaignSummary) -> None:
     for i, key in enumerate(keys):
         pts = per_problem[key]
         best = pts[-1].best_so_far_ms
-        title = f"{params(pts[0].problem)} · best {ms(best)}"
-        cols[i % 2].altair_chart(charts.convergence_chart(pts, title, y_title), width="stretch")
+        with cols[i % 2]:
+            st.caption(f"{md_escape(params(pts[0].problem))} · best {ms(best)}")
+            st.altair_chart(charts.convergence_chart(pts, y_title), width="stretch")
 
 
 def body(selected: int | None) -> None:

@@ -15,24 +15,28 @@ DONE_SHOWN = 25
 MS = st.column_config.NumberColumn(format="%.4g")
 
 
-def _common(q: QueueRow, names: dict[int, CampaignSummary]) -> dict[str, object]:
+def _what(q: QueueRow) -> dict[str, object]:
+    return {"problem": params(q.problem), "config": params(q.config), "proposer": q.proposer}
+
+
+def _where(q: QueueRow, names: dict[int, CampaignSummary]) -> dict[str, object]:
     c = names.get(q.campaign_id)
-    return {"campaign": c.name if c else str(q.campaign_id), "problem": params(q.problem),
-            "config": params(q.config), "proposer": q.proposer,
+    return {"campaign": c.name if c else str(q.campaign_id),
             "source": source(c.backend, c.device) if c else ""}
 
 
 def running_table(rows: tuple[QueueRow, ...], names: dict[int, CampaignSummary]) -> pd.DataFrame:
     return pd.DataFrame([{
-        **_common(q, names), "state": q.state, "worker": q.worker, "started": ago(q.started_at),
-        "predicted (ms)": q.predicted_ms, "rationale": q.rationale,
+        "worker": q.worker, "state": q.state, "started": ago(q.started_at), **_what(q),
+        "predicted (ms)": q.predicted_ms, "rationale": q.rationale, **_where(q, names),
     } for q in rows])
 
 
 def next_table(rows: tuple[QueueRow, ...], names: dict[int, CampaignSummary]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "#": i, **_common(q, names), "priority": q.priority, "reason": q.reason,
+        "#": i, "priority": q.priority, "reason": q.reason, **_what(q),
         "predicted (ms)": q.predicted_ms, "rationale": q.rationale, "hypothesis": q.hypothesis_id or "",
+        **_where(q, names),
     } for i, q in enumerate(rows, start=1)])
 
 
@@ -40,9 +44,9 @@ def done_table(rows: tuple[QueueDone, ...], names: dict[int, CampaignSummary]) -
     out = []
     for d in rows:
         out.append({
-            **_common(d.row, names), "result": d.status.value if d.status else d.row.state,
-            "median (ms)": d.median_ms, "predicted (ms)": d.row.predicted_ms, "worker": d.row.worker,
-            "finished": clock(d.row.finished_at), "rationale": d.row.rationale,
+            "finished": clock(d.row.finished_at), "result": d.status.value if d.status else d.row.state,
+            "median (ms)": d.median_ms, "predicted (ms)": d.row.predicted_ms, **_what(d.row),
+            "rationale": d.row.rationale, "worker": d.row.worker, **_where(d.row, names),
         })
     return pd.DataFrame(out)
 
