@@ -126,6 +126,8 @@ def load_done(path: Path) -> set[tuple[str, str]]:
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
+                if "config" not in row:  # a baseline line
+                    continue
                 done.add((Problem.of(row["problem"]).key(), Config.of(row["config"]).key()))
     return done
 
@@ -200,8 +202,9 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             append_rows(out, (row(r, today, family.kernel_version()) for r in results))
             cublas = ev.baseline(KERNEL, problem)
             if cublas is not None:
-                update_cublas(Path(args.cublas_out), problem.label(),
-                              _cublas_entry(problem, cublas, family.work(problem).flops, today), header)
+                entry = _cublas_entry(problem, cublas, family.work(problem).flops, today)
+                update_cublas(Path(args.cublas_out), problem.label(), entry, header)
+                append_rows(out, [baseline_row(entry, header)])
             last_s = time.monotonic() - t0
             summary["problems_done"].append(problem.label())
             summary["rows_written"] += len(results)
@@ -211,6 +214,14 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     summary.update(env.as_dict())
     summary["nvml"] = telemetry.nvml_available()
     return summary
+
+
+def baseline_row(entry: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]:
+    """The dataset line replay reads as the vendor library's time for the problem."""
+    return {"kernel": KERNEL, "problem": entry["problem"], "baseline": "cuBLAS (torch.matmul)",
+            "median_ms": entry["median_ms"], "p20_ms": entry["p20_ms"], "p80_ms": entry["p80_ms"],
+            "reps": entry["reps"], **{k: header[k] for k in ("device", "driver", "torch", "triton", "method")},
+            "recorded_at": entry["recorded_at"]}
 
 
 def _cublas_entry(problem: Problem, t: Any, flops: float, today: str) -> dict[str, Any]:

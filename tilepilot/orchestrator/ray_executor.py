@@ -102,7 +102,8 @@ class RayExecutor(Executor):
 
     def poll(self, timeout_s: float) -> list[tuple[Batch, list[Result]]]:
         finished, self.settled = self.settled, []
-        refs = [r for p in self.compiling for r in p.compiles] + list(self.running_refs)
+        # one compile ref may serve several batches (the pool compiles each cache key once)
+        refs = list(dict.fromkeys([r for p in self.compiling for r in p.compiles] + list(self.running_refs)))
         if not refs:
             return finished
         ray.wait(refs, num_returns=1, timeout=timeout_s)  # the first to finish, then all that have
@@ -148,18 +149,18 @@ class RayExecutor(Executor):
 
     # ---- internals -----------------------------------------------------------------------
     def _compiled(self, ref: Any) -> None:
-        pending = next(p for p in self.compiling if ref in p.compiles)
-        index = pending.compiles.pop(ref)
         outcome = fetch(ref)
-        if outcome.status is not Status.OK:
-            pending.failed[index] = Result(
-                problem=pending.batch.problem, config=pending.batch.configs[index],
-                status=outcome.status, env=self.environment, message=outcome.message,
-                compile_ms=outcome.compile_ms,
-                extra={"shared_bytes": outcome.shared_bytes} if outcome.shared_bytes else {})
-        if not pending.compiles:
-            self.compiling.remove(pending)
-            self.ready.append(pending)
+        for pending in [p for p in self.compiling if ref in p.compiles]:
+            index = pending.compiles.pop(ref)
+            if outcome.status is not Status.OK:
+                pending.failed[index] = Result(
+                    problem=pending.batch.problem, config=pending.batch.configs[index],
+                    status=outcome.status, env=self.environment, message=outcome.message,
+                    compile_ms=outcome.compile_ms,
+                    extra={"shared_bytes": outcome.shared_bytes} if outcome.shared_bytes else {})
+            if not pending.compiles:
+                self.compiling.remove(pending)
+                self.ready.append(pending)
 
     def _start_ready(self) -> None:
         for pending in [p for p in self.ready if len(p.failed) == len(p.batch.configs)]:

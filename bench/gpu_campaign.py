@@ -1,0 +1,116 @@
+"""A `gpu` campaign over the recorded matmul problems, checked against the recorded grid.
+
+Runs `python -m tilepilot tune` for real (Ray, compile-ahead pool, GPU worker with its child
+process) on the `matmul_faults` family: the matmul kernel plus a FAULT parameter. The search
+space is narrowed to the recorded grid with FAULT="none"; the campaign file also lists one
+config with FAULT="oob" that writes out of bounds (an illegal memory access), measured first
+for every problem, so each problem's child process dies once and the campaign must go on.
+
+Afterwards each winner is looked up in the recorded grid (data/replay/matmul-h100.jsonl):
+its recorded time over the recorded optimum is the regret the search left. The measured
+winner time and cuBLAS time come from this run. Re-running the command resumes the campaign.
+
+    python bench/gpu_campaign.py --db $OUT/gpu.db --out bench/results/gpu-campaign-h100.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tilepilot.kernels.registry import get_family  # noqa: E402
+from tilepilot.orchestrator.replay import load_dataset  # noqa: E402
+from tilepilot.storage.queries import best, events, history, open_db  # noqa: E402
+
+GRID = {"BLOCK_SIZE_M": [64, 128, 256], "BLOCK_SIZE_N": [64, 128, 256], "BLOCK_SIZE_K": [32, 64, 128],
+        "GROUP_SIZE_M": [8], "num_warps": [4, 8], "num_stages": [3, 4, 5], "FAULT": ["none"]}
+OOB = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 4,
+       "num_stages": 3, "FAULT": "oob"}
+
+
+def campaign_text(name: str, proposer: str, budget: int, problems: list[dict]) -> str:
+    lines = ["[campaign]", f'name = "{name}"', 'kernel = "matmul_faults"', f'proposer = "{proposer}"',
+             f"budget = {budget}", "seed = 0", "", "[space]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in GRID.items()]
+    lines += ["", "[[configs]]"] + [f"{k} = {json.dumps(v)}" for k, v in OOB.items()]
+    for p in problems:
+        lines += ["", "[[problems]]"] + [f"{k} = {json.dumps(v)}" for k, v in p.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dataset", default=str(ROOT / "data/replay/matmul-h100.jsonl"))
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--proposer", default="portfolio")
+    ap.add_argument("--budget", type=int, default=32, help="distinct configs per problem (20%% of 162)")
+    ap.add_argument("--name", default="gpu-check")
+    ap.add_argument("--problems", type=int, default=0, help="only the first N recorded problems (0: all)")
+    args = ap.parse_args()
+
+    dataset = load_dataset(args.dataset, get_family("matmul"))
+    problems = dataset.problems[: args.problems or None]
+    toml = Path(args.db).with_suffix(".toml")
+    toml.write_text(campaign_text(args.name, args.proposer, args.budget, [p.as_dict() for p in problems]))
+    cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "gpu", "--db", args.db]
+    if Path(args.db).exists():
+        cmd.append("--resume")
+    t0 = time.monotonic()
+    rc = subprocess.call(cmd, cwd=ROOT)
+    wall_s = time.monotonic() - t0
+    if rc != 0:
+        print(f"tune exited with {rc}", file=sys.stderr)
+        return rc
+
+    with open_db(args.db) as db:
+        winners = best(db, campaign=args.name)
+        rows = history(db, campaign=args.name)
+        log = events(db, kinds=["failed", "worker_restarted", "campaign_finished"], limit=10_000)
+        versions = db.rows("SELECT DISTINCT device, driver, torch, triton FROM experiments WHERE backend = 'gpu'")
+    statuses: dict[str, int] = {}
+    for r in rows:
+        statuses[str(r.status)] = statuses.get(str(r.status), 0) + 1
+    per_problem = []
+    for w in winners:
+        problem = next(p for p in problems if p.key() == w.problem_key)
+        config = {k: v for k, v in w.config.items() if k != "FAULT"}
+        recorded = dataset.result(problem, dataset.space(get_family("matmul"), problem).parse(config))
+        optimum = dataset.optimum_ms(problem)
+        per_problem.append({
+            "problem": problem.as_dict(), "winner": w.config, "measured_ms": w.median_ms,
+            "winner_recorded_ms": recorded.median_ms, "grid_optimum_ms": optimum,
+            "regret_vs_recorded_grid": recorded.median_ms / optimum - 1 if recorded.median_ms and optimum else None,
+            "measured_vs_recorded_optimum": w.median_ms / optimum - 1 if optimum else None,
+            "cublas_ms": w.baseline_ms, "speedup_vs_cublas": w.speedup_vs_baseline, "tie": w.tie,
+            "recheck_passed": w.recheck_passed, "trials": w.trials})
+    regrets = [p["regret_vs_recorded_grid"] for p in per_problem if p["regret_vs_recorded_grid"] is not None]
+    report = {
+        "what": "gpu campaign over the recorded matmul problems, budget 20% of the 162-config grid, "
+                "one out-of-bounds config (FAULT=oob) measured first for every problem",
+        "command": " ".join(["python", "bench/gpu_campaign.py", *sys.argv[1:]]),
+        "date": dt.date.today().isoformat(),
+        "environment": versions,
+        "dataset": Path(args.dataset).name, "proposer": args.proposer, "budget": args.budget,
+        "problems": len(problems), "wall_s": round(wall_s, 1), "statuses": statuses,
+        "crash_events": sum(1 for e in log if e.kind == "failed" and "crashed" in e.message),
+        "max_regret_vs_recorded_grid": max(regrets) if regrets else None,
+        "problems_within_3pct": sum(r <= 0.03 for r in regrets),
+        "per_problem": per_problem,
+    }
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{len(per_problem)} winners; worst regret vs recorded grid {report['max_regret_vs_recorded_grid']:.2%}; "
+          f"{report['problems_within_3pct']}/{len(regrets)} within 3%; statuses {statuses}; {wall_s:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
