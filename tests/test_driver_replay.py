@@ -93,10 +93,14 @@ def test_second_campaign_reuses_experiments_from_the_store(tmp_path, dataset):
     tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "a.toml", name="a", proposer="grid", budget=8)))
     tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "b.toml", name="b", proposer="grid", budget=8)))
     rows = _trials(tmp_path / "t.db")
+    first = {r[2] for r in rows if r[0] == 1}
     second = [r for r in rows if r[0] == 2]
-    assert second and all(r[3] == 1 for r in second)  # reused, not re-measured
+    shared = [r for r in second if r[2] in first]
+    assert len(shared) >= 8  # the grid proposer walks the same configs again
+    assert all(r[3] == 1 for r in shared)  # reused from the store, not re-measured
+    assert all(r[3] == 0 for r in second if r[2] not in first)
     con = sqlite3.connect(tmp_path / "t.db")
-    assert con.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == len([r for r in rows if r[0] == 1])
+    assert con.execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == len({r[2] for r in rows})
     con.close()
 
 

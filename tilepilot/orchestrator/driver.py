@@ -9,6 +9,7 @@ experiment whose key is already in the store is reused, not re-measured).
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 INVALID_STREAK_LIMIT = 200  # proposals in a row that break the space's constraints
 SAMPLE_EVERY_S = 5.0
-TOP_K_REMEASURE = 3
+TOP_K_REMEASURE = 5  # finalists re-measured interleaved before a winner is declared
 
 
 @dataclass
@@ -286,12 +287,16 @@ class Driver:
                                  campaign_id=self.campaign_id)
             return None
         top = [r.config for r in ok[:TOP_K_REMEASURE]]
-        remeasured = sorted((r for r in self.executor.remeasure(run.problem, top) if r.timing),
-                            key=lambda r: r.median_ms or 0.0) or ok[:1]
-        winner = remeasured[0]
-        runner = remeasured[1] if len(remeasured) > 1 else None
+        again = [r for r in self.executor.remeasure(run.problem, top) if r.timing] or ok[:1]
+        # Each finalist is judged on both of its measurements (geometric mean of the first
+        # median and the interleaved one): one noisy reading cannot flip the winner alone.
+        score = {r.config: math.sqrt((r.median_ms or 0.0) * (run.state.results[r.config].median_ms or 0.0))
+                 for r in again}
+        ranked = sorted(again, key=lambda r: score[r.config])
+        winner = ranked[0]
+        runner = ranked[1] if len(ranked) > 1 else None
         assert winner.timing is not None
-        margin = (runner.median_ms / winner.median_ms - 1.0) if runner and runner.median_ms else None
+        margin = score[runner.config] / score[winner.config] - 1.0 if runner else None
         noise = max(winner.timing.rel_spread, runner.timing.rel_spread if runner and runner.timing else 0.0)
         verdict = self.executor.recheck(run.problem, winner.config)
         base = self.executor.baseline(run.problem)
