@@ -14,7 +14,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from tests import dashboard_fixture as fx
-from tilepilot.dashboard import data, launch, text
+from tilepilot.dashboard import data, launch, live, text
 from tilepilot.experiments import InputError
 from tilepilot.storage import Store
 
@@ -100,12 +100,12 @@ def test_overview_of_an_empty_store_says_how_to_start(monkeypatch, tmp_path):
 
 
 def test_overview_follows_the_store_as_the_campaign_advances(monkeypatch, tmp_path):
-    live = fx.build(tmp_path / "dash.db")
+    campaign = fx.build(tmp_path / "dash.db")
     at = page(monkeypatch, tmp_path / "dash.db")
     assert metrics(at)["Trials (done / budget)"] == "4/16"
-    live.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
-    live.store.set_queue_state(live.queue_ids["p1-next"], "done", worker="gpu-0")
-    live.store.set_campaign_state(live.campaign_id, "finished")
+    campaign.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
+    campaign.store.set_queue_state(campaign.queue_ids["p1-next"], "done", worker="gpu-0")
+    campaign.store.set_campaign_state(campaign.campaign_id, "finished")
     time.sleep(data.TTL_S + 0.2)  # the cached queries expire
     at.run()
     assert metrics(at) == {"Trials (done / budget)": "5/16", "OK": "4", "Failed": "1",
@@ -139,8 +139,8 @@ def test_gpus_page_says_no_gpu_visible_without_samples(monkeypatch, tmp_path):
 
 
 def test_gpus_page_says_no_gpu_visible_when_samples_are_old(monkeypatch, tmp_path):
-    live = fx.build(tmp_path / "dash.db", gpus=False)
-    fx.add_gpu_samples(live.store, now=time.time() - 2 * data.GPU_WINDOW_S)
+    campaign = fx.build(tmp_path / "dash.db", gpus=False)
+    fx.add_gpu_samples(campaign.store, now=time.time() - 2 * data.GPU_WINDOW_S)
     at = page(monkeypatch, tmp_path / "dash.db", "gpus")
     assert at.info[0].value.startswith("No GPU visible")
 
@@ -161,10 +161,10 @@ def test_queue_page_shows_running_and_next_in_priority_order_with_reasons(monkey
 
 
 def test_queue_page_moves_a_finished_row_to_recently_done(monkeypatch, tmp_path):
-    live = fx.build(tmp_path / "dash.db")
-    qid = live.queue_ids["p1-next"]
-    key = live.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
-    live.store.set_queue_state(qid, "done", experiment_key=key)
+    campaign = fx.build(tmp_path / "dash.db")
+    qid = campaign.queue_ids["p1-next"]
+    key = campaign.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
+    campaign.store.set_queue_state(qid, "done", experiment_key=key)
     at = page(monkeypatch, tmp_path / "dash.db", "queue")
     done = frames(at)[-1]
     assert list(done["result"]) == ["ok"]
@@ -279,3 +279,9 @@ def test_source_names_every_backend():
     assert text.source("gpu", "H100") == "gpu = measured on H100"
     assert text.source("interpret", "cpu") == "interpret = CPU timings (Triton interpreter)"
     assert text.source("replay", "H100") == "replay = recorded on H100"
+
+
+def test_live_parts_refresh_fast_while_a_campaign_runs_and_slowly_otherwise():
+    assert live.interval(live=True, running=True) == live.REFRESH == "2s"
+    assert live.interval(live=True, running=False) == live.IDLE_REFRESH
+    assert live.interval(live=False, running=True) is None

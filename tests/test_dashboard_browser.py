@@ -28,6 +28,7 @@ import pytest
 
 from tests import dashboard_fixture as fx
 from tilepilot.dashboard import launch, text
+from tilepilot.experiments import Campaign
 
 START_TIMEOUT_S = 90
 WAIT_S = 45  # a live change must show within this (refresh 2 s + cache TTL 2 s, on a slow CI box)
@@ -139,9 +140,10 @@ class Server:
         self.live, self.url, self.port = live, url, port
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    folder = tmp_path_factory.mktemp("dashboard")
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    """A fresh store and server per test: each test writes to its store."""
+    folder = tmp_path
     live = fx.build(folder / "dash.db")
     port = free_port()
     log = folder / "server.log"
@@ -212,6 +214,18 @@ def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Serv
     live.store.set_campaign_state(live.campaign_id, "finished")
     browser.wait_for(tab, "mm-live · finished")
     assert browser.eval(tab, "window.__tilepilot_same_page === true") is True  # updated in place
+
+
+def test_a_campaign_started_while_the_page_is_idle_appears(server: Server, browser: Chromium):
+    store = server.live.store
+    store.set_campaign_state(server.live.campaign_id, "finished")  # nothing runs: the slow pace
+    tab = browser.open(server.url + "/")
+    browser.wait_for(tab, "mm-live · finished")  # none runs: the one updated last
+    browser.eval(tab, "window.__tilepilot_same_page = true")
+    campaign = Campaign("mm-next", fx.KERNEL, "rules", 4, 0, (fx.P2,), "started later")
+    store.create_campaign(campaign, backend="interpret", dataset="", device="cpu")
+    browser.wait_for(tab, "mm-next · running", text.source("interpret", "cpu"))
+    assert browser.eval(tab, "window.__tilepilot_same_page === true") is True
 
 
 def test_gpus_and_queue_pages_render_from_the_store(server: Server, browser: Chromium):

@@ -39,7 +39,8 @@ def main() -> None:
     with st.sidebar:
         st.caption("Database (read-only)")
         st.text(st.session_state[live.DB_KEY])
-        st.toggle(f"Live refresh (every {live.REFRESH})", value=True, key=live.LIVE_KEY)
+        st.toggle("Live refresh", value=True, key=live.LIVE_KEY,
+                  help=f"every {live.REFRESH} while a campaign runs, every {live.IDLE_REFRESH} otherwise")
     page.run()
 
 

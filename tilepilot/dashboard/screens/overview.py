@@ -95,8 +95,15 @@ def body(selected: int | None) -> None:
         st.info("No campaign in this database yet. Start one with `tilepilot tune CAMPAIGN.toml`.")
         return
     st.dataframe(campaigns_table(summaries), hide_index=True, width="stretch")
-    chosen = next((c for c in summaries if c.id == selected), summaries[0])
-    campaign_detail(chosen)
+    campaign_detail(pick(summaries, selected))
+
+
+def pick(summaries: list[CampaignSummary], selected: int | None) -> CampaignSummary:
+    """The chosen campaign; with none chosen, the newest running one, else the last updated
+    (so a campaign that just ended stays on screen)."""
+    chosen = [c for c in summaries if c.id == selected]
+    running = [c for c in summaries if c.state == "running"]
+    return (chosen or running or [max(summaries, key=lambda c: c.updated_at)])[0]
 
 
 def main() -> None:
@@ -104,13 +111,10 @@ def main() -> None:
     summaries = data.campaigns(live.db())
     selected = None
     if len(summaries) > 1:
-        running = [c for c in summaries if c.state == "running"]
-        default = (running or summaries)[0]
-        names = {c.id: f"{c.name} ({c.state})" for c in summaries}
-        selected = st.selectbox("Campaign", list(names), index=list(names).index(default.id),
-                                format_func=names.__getitem__, key="overview_campaign")
-    elif summaries:
-        selected = summaries[0].id
+        names: dict[int | None, str] = {None: "follow the running campaign (else the last updated)"}
+        names.update({c.id: f"{c.name} ({c.state})" for c in summaries})
+        selected = st.selectbox("Campaign", list(names), format_func=names.__getitem__,
+                                key="overview_campaign")
     live.live(lambda: body(selected))
 
 
