@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -195,6 +196,27 @@ def test_server_listens_on_loopback_only_by_default(server: Server):
     if not Path("/proc/net/tcp").exists():
         pytest.skip("needs Linux /proc/net/tcp to list listening sockets")
     assert _listening(server.port) == ["0100007F"]  # 127.0.0.1, and no IPv6 or wildcard socket
+
+
+def test_serve_stops_its_server_when_terminated(tmp_path: Path):
+    fx.build(tmp_path / "dash.db").store.close()
+    port, log = free_port(), tmp_path / "serve.log"
+    code = ("import sys; from tilepilot.dashboard.launch import serve; "
+            "sys.exit(serve(sys.argv[1], port=int(sys.argv[2])))")
+    with log.open("wb") as out:
+        parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "dash.db"), str(port)],
+                                  env=launch.child_env(), stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", parent, log)
+        parent.terminate()
+        assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+        with pytest.raises(OSError):  # nothing listens any more: the server went with serve()
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)  # whatever of this test's group is left
+        parent.wait()
 
 
 def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Server, browser: Chromium):

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -64,14 +67,39 @@ def child_env() -> dict[str, str]:
 
 
 def serve(db: str, host: str = "127.0.0.1", port: int = 8501) -> int:
-    """Serve the dashboard until the server exits or the user interrupts; return its exit code."""
+    """Serve the dashboard until the server exits; return its exit code.
+
+    Ctrl-C or SIGTERM stops the server too: it never outlives this call.
+    """
     proc = start(db, host, port)
+    restore = _exit_on_sigterm()
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            return proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+        return stop(proc)
+    finally:
+        restore()
+        if proc.poll() is None:
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 10) -> int:
+    """Terminate the server, kill it if it lingers; returns its exit code."""
+    proc.terminate()
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def _exit_on_sigterm() -> Callable[[], None]:
+    """Turn SIGTERM into SystemExit (so `finally` stops the server); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    return lambda: signal.signal(signal.SIGTERM, previous)

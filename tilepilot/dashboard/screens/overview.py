@@ -7,7 +7,7 @@ import streamlit as st
 
 from tilepilot.dashboard import charts, data, live
 from tilepilot.dashboard.text import ago, md_escape, ms, params, source
-from tilepilot.storage.views import BestRow, CampaignSummary
+from tilepilot.storage.views import BestRow, CampaignSummary, ConvergencePoint
 
 MAX_CHARTS = 8
 
@@ -70,11 +70,12 @@ def convergence(c: CampaignSummary) -> None:
     if not points:
         st.info("No trial has finished yet: the convergence charts appear with the first result.")
         return
-    per_problem: dict[str, list] = {}
+    per_problem: dict[str, list[ConvergencePoint]] = {}
     for p in points:
         per_problem.setdefault(p.problem_key, []).append(p)
     st.markdown(f"**Best so far vs trials** ({md_escape(source(c.backend, c.device))})")
-    keys = list(per_problem)
+    keys = [p.problem_key for p in c.problems if p.problem_key in per_problem]  # the table's order
+    keys += [k for k in per_problem if k not in keys]
     if len(keys) > MAX_CHARTS:
         labels = {k: params(per_problem[k][0].problem) for k in keys}
         keys = st.multiselect("Problems to chart", keys, default=keys[:MAX_CHARTS],
