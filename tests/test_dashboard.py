@@ -225,6 +225,7 @@ def test_log_page_lists_events_newest_first_and_filters_by_kind(monkeypatch, db)
     table = frames(at)[0]
     assert list(table["message"]) == ["mm-live started on 1 GPU"]
     assert list(table["campaign"]) == ["mm-live"]
+    assert list(table["source"]) == [GPU_SOURCE]
 
 
 # -- Input and safety ----------------------------------------------------------------------------

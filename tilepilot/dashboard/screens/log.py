@@ -8,29 +8,34 @@ import pandas as pd
 import streamlit as st
 
 from tilepilot.dashboard import data, live
-from tilepilot.dashboard.text import clock
-from tilepilot.storage.views import EventRow
+from tilepilot.dashboard.text import clock, source
+from tilepilot.storage.views import CampaignSummary, EventRow
 
 LIMITS = (200, 1000, 5000)
 
 
-def table(rows: list[EventRow], names: dict[int, str]) -> pd.DataFrame:
-    return pd.DataFrame([{
-        "time": clock(e.ts), "kind": e.kind,
-        "campaign": "" if e.campaign_id is None else names.get(e.campaign_id, str(e.campaign_id)),
-        "message": e.message, "data": json.dumps(e.data) if e.data else "",
-    } for e in rows])
+def table(rows: list[EventRow], campaigns: dict[int, CampaignSummary]) -> pd.DataFrame:
+    out = []
+    for e in rows:
+        c = None if e.campaign_id is None else campaigns.get(e.campaign_id)
+        out.append({
+            "time": clock(e.ts), "kind": e.kind,
+            "campaign": c.name if c else ("" if e.campaign_id is None else str(e.campaign_id)),
+            "message": e.message, "source": source(c.backend, c.device) if c else "",
+            "data": json.dumps(e.data) if e.data else "",
+        })
+    return pd.DataFrame(out)
 
 
 def body(campaign_id: int | None, kinds: tuple[str, ...], limit: int) -> None:
     path = live.db()
-    names = {c.id: c.name for c in data.campaigns(path)}
+    campaigns = {c.id: c for c in data.campaigns(path)}
     rows = data.events(path, campaign_id, kinds or None, limit)
     st.caption(f"{len(rows)} event(s), newest first" + (f" (the newest {limit})" if len(rows) == limit else ""))
     if not rows:
         st.info("No event matches these filters.")
         return
-    st.dataframe(table(rows, names), hide_index=True, width="stretch")
+    st.dataframe(table(rows, campaigns), hide_index=True, width="stretch")
 
 
 def main() -> None:
