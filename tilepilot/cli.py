@@ -273,10 +273,20 @@ def _plain(row: Any) -> dict[str, Any]:
     return {k: (dict(v) if hasattr(v, "as_dict") else v) for k, v in d.items()}
 
 
+# Short names for table cells only; JSON and CSV keep the parameters' own names.
+_SHORT = (("BLOCK_SIZE_", "B"), ("GROUP_SIZE_", "G"), ("num_warps", "warps"), ("num_stages", "stages"))
+
+
+def _short(name: str) -> str:
+    for long, short in _SHORT:
+        name = name.replace(long, short)
+    return name
+
+
 def _compact(v: Any) -> str:
     if isinstance(v, dict | tuple | list):
         items = v.items() if isinstance(v, dict) else v
-        return " ".join(f"{k}={x}" for k, x in items)
+        return " ".join(f"{_short(str(k))}={x}" for k, x in items)
     return "" if v is None else str(v)
 
 
@@ -298,7 +308,7 @@ def _cell(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4f}"
     text = _compact(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= 72 else text[:69] + "..."
 
 
 def _print_table(rows: list[dict[str, Any]], cols: list[str], out: Callable[[str], None] = print) -> None:
