@@ -1,0 +1,150 @@
+"""Screenshots of every dashboard page, taken in headless Chromium against the real server.
+
+    .venv/bin/python bench/screenshots.py DB [--out docs/img] [--width 1400] [--height 900]
+                                            [--pages overview gpus queue experiments log]
+
+DB is a tilepilot database (for the README: a gpu campaign's store). It is copied to a
+temporary folder first, so the original is never touched (it may lie in a read-only place).
+The dashboard serves the copy on 127.0.0.1 at a free port; Chromium (Debian's `chromium`)
+opens each page over the DevTools pipe (see tests/test_dashboard_browser.py), waits for the
+page's own content (not the loading skeleton), lets the charts draw, grows the window to the
+page's full height and writes `OUT/dashboard-<page>.png`, optimised to stay under `MAX_BYTES`.
+
+The GPUs page shows the NVML samples of the last 5 minutes only: run this within 5 minutes of
+the campaign's end to see the GPU cards, later it shows the page's "No GPU visible" state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.test_dashboard_browser import Chromium, free_port, wait_healthy  # noqa: E402
+from tilepilot.dashboard import launch  # noqa: E402
+
+log = logging.getLogger("screenshots")
+
+MAX_BYTES = 250_000
+SETTLE_S = 3.0  # after the content shows: charts draw, fragments finish their first run
+# url path, and text that only the rendered page shows (any one of each tuple is enough)
+PAGES = {
+    "overview": ("/", ("Best so far vs trials", "No campaign in this database")),
+    "gpus": ("/gpus", ("NVML readings of the last", "No GPU visible")),
+    "queue": ("/queue", ("Recently done",)),
+    "experiments": ("/experiments", ("Details of", "No experiment matches")),
+    "log": ("/log", ("newest first",)),
+}
+MAIN_HEIGHT_JS = ("Math.ceil(document.querySelector('[data-testid=\"stMainBlockContainer\"]')"
+                  ".getBoundingClientRect().bottom + 48)")
+
+
+def copy_db(db: Path, folder: Path) -> Path:
+    """The database and its WAL side files, copied (writable) into `folder`."""
+    for suffix in ("", "-wal", "-shm"):
+        src = Path(f"{db}{suffix}")
+        if src.exists():
+            shutil.copyfile(src, folder / f"{db.name}{suffix}")
+    return folder / db.name
+
+
+def wait_any(browser: Chromium, tab: str, needles: tuple[str, ...], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        shown = browser.text(tab)
+        if any(n in shown for n in needles):
+            return
+        time.sleep(0.25)
+    raise RuntimeError(f"page never showed any of {needles}; it shows:\n{browser.text(tab)}")
+
+
+def viewport(browser: Chromium, tab: str, width: int, height: int) -> None:
+    browser.send("Emulation.setDeviceMetricsOverride",
+                 {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}, tab)
+
+
+def shrink(png: bytes, limit: int = MAX_BYTES) -> bytes:
+    """The screenshot re-encoded with optimize=True; quantised to fewer colours if still too big."""
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    for colours in (None, 256, 128, 64):
+        out = io.BytesIO()
+        img = image if colours is None else image.quantize(colours, method=Image.Quantize.MEDIANCUT)
+        img.save(out, format="PNG", optimize=True)
+        if out.tell() <= limit:
+            return out.getvalue()
+    raise RuntimeError(f"screenshot is {out.tell()} bytes even at 64 colours (limit {limit})")
+
+
+def capture(browser: Chromium, url: str, needles: tuple[str, ...], width: int, height: int,
+            full: bool) -> bytes:
+    tab = browser.open(url)
+    viewport(browser, tab, width, height)
+    wait_any(browser, tab, needles)
+    time.sleep(SETTLE_S)
+    if full:
+        tall = max(height, int(browser.eval(tab, MAIN_HEIGHT_JS) or height))
+        if tall > height:
+            viewport(browser, tab, width, tall)
+            time.sleep(SETTLE_S)
+    shot = browser.send("Page.captureScreenshot", {"format": "png"}, tab)
+    target = browser.send("Target.getTargetInfo", {}, tab)["targetInfo"]["targetId"]
+    browser.send("Target.closeTarget", {"targetId": target})  # its live refresh stops too
+    return base64.b64decode(shot["data"])
+
+
+def run(db: Path, out: Path, pages: list[str], width: int, height: int, full: bool) -> None:
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        raise SystemExit("Chromium is not installed (apt-get install -y chromium)")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tilepilot-shots-") as tmp:
+        folder = Path(tmp)
+        store = copy_db(db, folder)
+        port, server_log = free_port(), folder / "server.log"
+        with server_log.open("wb") as sink:
+            proc = launch.start(str(store), port=port, output=sink)
+        browser = None
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url, proc, server_log)
+            browser = Chromium(binary, folder / "chromium-profile")
+            for page in pages:
+                path, needles = PAGES[page]
+                png = shrink(capture(browser, url + path, needles, width, height, full))
+                target = out / f"dashboard-{page}.png"
+                target.write_bytes(png)
+                log.info("%s: %d bytes", target, len(png))
+        finally:
+            if browser is not None:
+                browser.close()
+            launch.stop(proc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("db", type=Path)
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
+    parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--height", type=int, default=900)
+    parser.add_argument("--pages", nargs="+", choices=list(PAGES), default=list(PAGES))
+    parser.add_argument("--viewport-only", action="store_true", help="no full-page capture")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if not args.db.is_file():
+        raise SystemExit(f"database {args.db} does not exist")
+    run(args.db, args.out, args.pages, args.width, args.height, not args.viewport_only)
+
+
+if __name__ == "__main__":
+    main()
