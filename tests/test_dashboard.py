@@ -265,6 +265,7 @@ def test_server_command_binds_loopback_by_default():
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--server.headless") + 1] == "true"
     assert cmd[cmd.index("--browser.gatherUsageStats") + 1] == "false"
+    assert cmd[cmd.index("--client.toolbarMode") + 1] == "viewer"  # no Deploy button
     assert cmd[-3:] == ["--", "--db", "x.db"]
     assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app.py")
 

@@ -23,6 +23,7 @@ def command(db: str, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
     """The command line that serves the dashboard for `db` on `host:port`.
 
     Streamlit binds every interface unless `--server.address` is given, so it always is.
+    The toolbar is the viewer's: no Deploy button or developer menu on a read-only view.
     """
     if not 0 < port < 65536:
         raise InputError(f"port {port} is not a TCP port (allowed: 1 to 65535)")
@@ -34,6 +35,7 @@ def command(db: str, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
         "--server.address", host,
         "--server.port", str(port),
         "--browser.gatherUsageStats", "false",
+        "--client.toolbarMode", "viewer",
         "--", "--db", str(db),
     ]
 
