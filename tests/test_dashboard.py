@@ -16,7 +16,7 @@ from streamlit.testing.v1 import AppTest
 from tests import dashboard_fixture as fx
 from tilepilot.dashboard import data, launch, live, text
 from tilepilot.experiments import InputError
-from tilepilot.storage import Store
+from tilepilot.storage import Store, WinnerRow
 
 APP = Path(__file__).resolve().parents[1] / "tilepilot" / "dashboard" / "app.py"
 GPU_SOURCE = text.source("gpu", fx.DEVICE)
@@ -88,8 +88,19 @@ def test_overview_of_the_finished_replay_campaign_says_replay_and_its_winner(mon
     assert metrics(at)["Trials (done / budget)"] == "2/4"
     problems = frames(at)[1]
     assert list(problems["best so far (ms)"]) == [0.6543]
+    assert list(problems["winner (ms)"]) == [0.6543]
     assert list(problems["winner"]) == ["decided"]
     assert any(REPLAY_SOURCE in c.value for c in at.caption)
+
+
+def test_overview_keeps_the_fastest_trial_as_best_so_far_beside_the_re_measured_winner(monkeypatch, tmp_path):
+    campaign = fx.build(tmp_path / "dash.db")
+    key = fx.experiment_key(fx.KERNEL, fx.VERSION, fx.P1, fx.cfg(128, 256, 8), fx.GPU_ENV)
+    campaign.store.set_winner(WinnerRow(campaign.campaign_id, fx.P1.key(), key, 0.4711, 0.01, None, None, None))
+    problems = frames(page(monkeypatch, tmp_path / "dash.db"))[1]
+    assert list(problems["best so far (ms)"]) == [0.4321, 1.2345]  # as the chart caption says
+    assert problems["winner (ms)"].iloc[0] == 0.4711 and problems["winner (ms)"].isna().iloc[1]
+    assert list(problems["winner"]) == ["decided", ""]
 
 
 def test_overview_of_an_empty_store_says_how_to_start(monkeypatch, tmp_path):

@@ -10,6 +10,15 @@ from tilepilot.dashboard.text import ago, md_escape, ms, params, source
 from tilepilot.storage.views import BestRow, CampaignSummary, ConvergencePoint
 
 MAX_CHARTS = 8
+PROBLEM_COLUMNS = {
+    "best so far (ms)": st.column_config.NumberColumn(
+        format="%.4g", help="the fastest trial's median: the chart's best so far"),
+    "winner (ms)": st.column_config.NumberColumn(
+        format="%.4g", help="the declared winner's median when re-measured interleaved with the "
+        "other finalists (once the problem's budget is spent)"),
+    "best config": st.column_config.TextColumn(help="the winner's once decided, else the fastest trial's"),
+    "× vs median config": st.column_config.NumberColumn(format="%.2f"),
+}
 
 
 def campaigns_table(summaries: list[CampaignSummary]) -> pd.DataFrame:
@@ -35,9 +44,10 @@ def problems_table(c: CampaignSummary, best: list[BestRow]) -> pd.DataFrame:
             "problem": params(p.problem),
             "trials done / budget": f"{p.counted}/{c.budget}",
             "ok": p.ok, "failed": p.failed, "reused": p.reused,
-            "best so far (ms)": b.median_ms if b else p.best_ms,
-            "best config": params(b.config) if b else "",
+            "best so far (ms)": p.best_ms,
+            "winner (ms)": b.median_ms if b and b.decided else None,
             "winner": ("tie" if b.tie else "decided") if b and b.decided else "",
+            "best config": params(b.config) if b else "",
             "× vs median config": b.speedup_vs_median if b else None,
             "proposer of best": b.proposer if b else "",
         })
@@ -59,9 +69,7 @@ def campaign_detail(c: CampaignSummary) -> None:
     cols[4].metric("Running", c.running)
     st.progress(min(1.0, c.progress), text=f"{c.progress:.0%} of the budget spent")
     best = data.best(path, c.id)
-    st.dataframe(problems_table(c, best), hide_index=True, width="stretch",
-                 column_config={"best so far (ms)": st.column_config.NumberColumn(format="%.4g"),
-                                "× vs median config": st.column_config.NumberColumn(format="%.2f")})
+    st.dataframe(problems_table(c, best), hide_index=True, width="stretch", column_config=PROBLEM_COLUMNS)
     convergence(c)
 
 
