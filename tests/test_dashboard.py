@@ -6,6 +6,7 @@ The browser test (test_dashboard_browser.py) checks the in-place refresh of a re
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -79,6 +80,14 @@ def test_overview_draws_one_convergence_chart_per_problem(monkeypatch, db):
     captions = [c.value for c in at.caption]
     assert "M=4096 N=4096 K=512 dtype=fp16 · best 0.4321 ms" in captions
     assert "M=64 N=8192 K=2048 dtype=bf16 · best 1.234 ms" in captions
+
+
+def test_convergence_charts_put_time_on_a_log_axis(monkeypatch, db):
+    charts = page(monkeypatch, db).get("vega_lite_chart")
+    assert len(charts) == 2
+    for chart in charts:
+        spec = json.loads(chart.proto.spec)
+        assert [layer["encoding"]["y"]["scale"]["type"] for layer in spec["layer"]] == ["log", "log"]
 
 
 def test_overview_of_the_finished_replay_campaign_says_replay_and_its_winner(monkeypatch, db):
