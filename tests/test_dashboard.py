@@ -205,6 +205,7 @@ def test_experiments_page_lists_every_trial_with_problem_config_and_source(monke
     assert row["message"] == "shared memory 262144 > 232448"
     assert set(table["source"]) == {GPU_SOURCE, REPLAY_SOURCE}
     assert sorted(table["median (ms)"].dropna()) == [0.4321, 0.5123, 0.6543, 0.7777, 1.2345]
+    assert at.multiselect(key="experiments_status").proto.placeholder == "all statuses"  # none chosen: all
 
 
 @pytest.mark.parametrize(("widget", "value", "expected"), [
@@ -241,6 +242,7 @@ def test_log_page_lists_events_newest_first_and_filters_by_kind(monkeypatch, db)
     assert table["kind"][0] == "campaign_finished"
     assert table["message"][0] == "mm-replay finished: 1 winner"
     assert len(table) == 6
+    assert at.multiselect(key="log_kinds").proto.placeholder == "all kinds"
     at.multiselect(key="log_kinds").set_value(["campaign_started"]).run()
     table = frames(at)[0]
     assert list(table["message"]) == ["mm-live started on 1 GPU"]

@@ -77,7 +77,8 @@ def main() -> None:
     cols = st.columns(3)
     campaign_id = cols[0].selectbox("Campaign", list(options), format_func=options.__getitem__,
                                     key="experiments_campaign")
-    statuses = cols[1].multiselect("Status", [s.value for s in Status], key="experiments_status")
+    statuses = cols[1].multiselect("Status", [s.value for s in Status], key="experiments_status",
+                                   placeholder="all statuses")
     proposer = cols[2].selectbox("Proposer", [None, *data.proposers(path, campaign_id)],
                                  key="experiments_proposer",
                                  format_func=lambda p: "all proposers" if p is None else p)

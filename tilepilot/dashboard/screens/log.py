@@ -46,7 +46,7 @@ def main() -> None:
     cols = st.columns([2, 3, 1])
     campaign_id = cols[0].selectbox("Campaign", list(options), format_func=options.__getitem__,
                                     key="log_campaign")
-    kinds = cols[1].multiselect("Kinds", data.event_kinds(path), key="log_kinds")
+    kinds = cols[1].multiselect("Kinds", data.event_kinds(path), key="log_kinds", placeholder="all kinds")
     limit = cols[2].selectbox("Rows", LIMITS, key="log_limit")
     live.live(lambda: body(campaign_id, tuple(kinds), limit))
 
