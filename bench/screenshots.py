@@ -46,8 +46,10 @@ PAGES = {
     "experiments": ("/experiments", ("Details of", "No experiment matches")),
     "log": ("/log", ("newest first",)),
 }
-MAIN_HEIGHT_JS = ("Math.ceil(document.querySelector('[data-testid=\"stMainBlockContainer\"]')"
-                  ".getBoundingClientRect().bottom + 48)")
+# the bottom of the page's lowest element (the block container itself ends in a tall padding)
+MAIN_HEIGHT_JS = ("Math.ceil(Math.max(...Array.from(document.querySelectorAll("
+                  "'[data-testid=\"stMainBlockContainer\"] [data-testid=\"stElementContainer\"]'))"
+                  ".map(e => e.getBoundingClientRect().bottom)) + 40)")
 
 
 def copy_db(db: Path, folder: Path) -> Path:
