@@ -251,7 +251,8 @@ class Driver:
                                          worker=str(result.extra.get("worker", "")))
             self.store.add_trial(self.campaign_id, key, cand, reused=reused)
             if queue_id is not None:
-                self.store.set_queue_state(queue_id, "done", experiment_key=key)
+                self.store.set_queue_state(queue_id, "done", experiment_key=key,
+                                           worker=str(result.extra.get("worker", "")))
             self.store.log_event(
                 "finished" if result.status is Status.OK else "failed",
                 _describe(cand, result, reused), campaign_id=self.campaign_id,
