@@ -1,14 +1,16 @@
-"""Fit the `rules` tile model's constants on the development problems only, and show how it ranks.
+"""Fit the `rules` tile model's constants on chosen problems of a dataset, and show how it ranks.
 
-    python bench/fit_rules.py --dataset data/replay/matmul-h100.jsonl [--fit]
+    python bench/fit_rules.py --dataset data/replay/matmul-h100.jsonl [--problems dev|all] [--fit]
 
 Without --fit: how the current constants (agents/tile_model.py `Constants`) rank the configs
-of each development problem (`bench/search.py` DEV_PROBLEMS): rank correlation, the spread of
-the log-error, where the first config within 2% of the optimum lies in the model's order, and
-the regret of the model's top 1, 4 and 8. With --fit: coordinate descent in log space on the
-constants, minimising a pairwise ranking loss (see `loss`), then the same report; the printed
-constants are what `Constants` holds. `launch_us` is not fitted: a constant added to every
-config changes no ranking. The held-out problems are never read.
+of each chosen problem: the spread of the log-error, where the first config within 2% of the
+optimum lies in the model's order, and the regret of the model's top 1, 4 and 8. With --fit:
+Nelder-Mead in log space from the NEUTRAL constants, minimising a pairwise ranking
+loss (see `loss`), then the same report; the printed constants are what `Constants` holds.
+`launch_us` is not fitted: a constant added to every config changes no ranking.
+
+`bench/search.py` calls `fit` once per held-out problem (leave one problem out), so that the
+constants a problem is scored with never saw it.
 """
 
 from __future__ import annotations
@@ -19,101 +21,141 @@ import logging
 import math
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
 
-from search import DEV_PROBLEMS, KERNEL
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants, estimate
 from tilepilot.experiments import Config, Problem
 from tilepilot.kernels import get_family
-from tilepilot.orchestrator.replay import load_dataset
+from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
 
 log = logging.getLogger("fit_rules")
-FITTED = ("mma_half_area", "mma_half_n", "l2_gbps", "sm_gbps", "latency_us", "dup_gbps", "fill_us")
-Data = list[tuple[Problem, dict[Config, float]]]
+KERNEL = "matmul"
+FITTED = ("mma_half_area", "mma_half_n", "l2_gbps", "sm_gbps", "latency_us", "dup_gbps", "fill_us",
+          "scalar_gbps")
+# Where every fit starts: round physical values set before any fitting, so a leave-one-out fit
+# carries nothing of its held-out problem.
+NEUTRAL = dataclasses.replace(DEFAULT_CONSTANTS, mma_half_area=4096.0, mma_half_n=32.0, l2_gbps=9000.0,
+                              sm_gbps=120.0, latency_us=1.0, dup_gbps=1000.0, fill_us=1.0, scalar_gbps=16.0)
+BOUND = 8.0  # a fitted constant stays within this factor of its neutral value
+MARGIN = 1.02  # pairs closer than this are ties, not ranked
+SHARPNESS = 0.05  # log-units over which a wrong order starts to cost
 
 
-def dev_data(path: str) -> Data:
+@dataclasses.dataclass(frozen=True)
+class ProblemData:
+    problem: Problem
+    configs: tuple[Config, ...]  # fastest first
+    times_ms: np.ndarray
+    pair_weights: np.ndarray  # [i, j]: weight of ranking config i before config j
+
+
+def problem_data(dataset: ReplayDataset, problems: Sequence[Problem]) -> list[ProblemData]:
     family = get_family(KERNEL)
-    ds = load_dataset(path, family)
     out = []
-    for p in ds.problems:
-        if p.label() not in DEV_PROBLEMS:
-            continue
-        space = ds.space(family, p)
-        times = {c: r.median_ms for c, r in ds.records(p).items()
-                 if r.median_ms is not None and space.check(c, p) is None}
-        out.append((p, times))
+    for p in problems:
+        space = dataset.space(family, p)
+        rows = sorted(((r.median_ms, c) for c, r in dataset.records(p).items()
+                       if r.median_ms is not None and space.check(c, p) is None), key=lambda x: (x[0], x[1].key()))
+        times = np.array([t for t, _ in rows])
+        w = np.exp(-3.0 * (times / times[0] - 1.0))  # the order near the optimum matters most
+        pairs = (times[None, :] > times[:, None] * MARGIN) * w[:, None]
+        out.append(ProblemData(p, tuple(c for _, c in rows), times, pairs))
     return out
 
 
-def loss(data: Data, k: Constants) -> float:
+def loss(data: Sequence[ProblemData], k: Constants) -> float:
     """Pairwise ranking loss: for two configs whose times differ by more than 2%, a smooth
-    penalty when the model orders them the other way, weighted towards the faster one's
-    closeness to the optimum (the order near the top is what a search needs)."""
+    penalty when the model orders them the other way, weighted by the faster one's closeness
+    to the optimum."""
     total = weight = 0.0
-    for p, times in data:
-        opt = min(times.values())
-        rows = sorted((t, math.log(estimate(p, c, k=k).predicted_ms)) for c, t in times.items())
-        for i, (ti, pi) in enumerate(rows):
-            w = math.exp(-3 * (ti / opt - 1))
-            for tj, pj in rows[i + 1:]:
-                if tj > ti * 1.02:
-                    total += w * _softplus((pi - pj) / 0.05)
-                    weight += w
+    for d in data:
+        pred = np.log([estimate(d.problem, c, k=k).predicted_ms for c in d.configs])
+        diff = (pred[:, None] - pred[None, :]) / SHARPNESS
+        total += float(np.sum(d.pair_weights * np.logaddexp(0.0, diff)))
+        weight += float(np.sum(d.pair_weights))
     return total / weight
 
 
-def _softplus(x: float) -> float:
-    return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+def fit(data: Sequence[ProblemData], start: Constants = NEUTRAL, evals: int = 600) -> Constants:
+    """Nelder-Mead over the log of the FITTED constants, each kept within BOUND of NEUTRAL."""
+    x0 = np.log([getattr(start, n) for n in FITTED])
+    lo = np.log([getattr(NEUTRAL, n) / BOUND for n in FITTED])
+    hi = np.log([getattr(NEUTRAL, n) * BOUND for n in FITTED])
+
+    def f(x: np.ndarray) -> float:
+        return loss(data, _constants(np.clip(x, lo, hi)))
+
+    simplex = [x0] + [x0 + np.eye(len(x0))[i] * math.log(2.0) for i in range(len(x0))]
+    values = [f(x) for x in simplex]
+    for _ in range(evals):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centre = np.mean(simplex[:-1], axis=0)
+        reflected = centre + (centre - simplex[-1])
+        fr = f(reflected)
+        if fr < values[0]:
+            expanded = centre + 2.0 * (centre - simplex[-1])
+            fe = f(expanded)
+            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = reflected, fr
+        else:
+            contracted = centre + 0.5 * (simplex[-1] - centre)
+            fc = f(contracted)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = contracted, fc
+            else:  # shrink towards the best
+                simplex = [simplex[0]] + [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex[1:]]
+                values = [values[0]] + [f(x) for x in simplex[1:]]
+        if max(values) - min(values) < 1e-6:
+            break
+    best = simplex[int(np.argmin(values))]
+    return _constants(np.clip(best, lo, hi))
 
 
-def fit(data: Data, k: Constants) -> Constants:
-    best = loss(data, k)
-    for factor in (2.0, 1.4, 1.15, 1.05):
-        improved = True
-        while improved:
-            improved = False
-            for name in FITTED:
-                for f in (factor, 1 / factor):
-                    trial = dataclasses.replace(k, **{name: getattr(k, name) * f})
-                    value = loss(data, trial)
-                    if value < best - 1e-9:
-                        k, best, improved = trial, value, True
-        log.info("step %.2f: loss %.4f", factor, best)
-    return k
+def _constants(x: np.ndarray) -> Constants:
+    return dataclasses.replace(NEUTRAL, **{n: float(math.exp(v)) for n, v in zip(FITTED, x, strict=True)})
 
 
-def report(data: Data, k: Constants) -> None:
-    for p, times in data:
-        opt = min(times.values())
-        order = sorted(times, key=lambda c: estimate(p, c, k=k).predicted_ms)
-        first = next(i for i, c in enumerate(order, 1) if times[c] <= opt * 1.02)
+def report(data: Sequence[ProblemData], k: Constants) -> None:
+    for d in data:
+        opt = float(d.times_ms[0])
+        times = dict(zip(d.configs, d.times_ms, strict=True))
+        order = sorted(d.configs, key=lambda c: estimate(d.problem, c, k=k).predicted_ms)
+        first = next(i for i, c in enumerate(order, 1) if times[c] <= opt * MARGIN)
         top = {n: min(times[c] for c in order[:n]) / opt - 1 for n in (1, 4, 8)}
-        errs = [math.log(times[c] / estimate(p, c, k=k).predicted_ms) for c in times]
+        errs = [math.log(times[c] / estimate(d.problem, c, k=k).predicted_ms) for c in d.configs]
         log.info("%-28s rank of first within 2%%: %3d; top1 %5.1f%% top4 %5.1f%% top8 %5.1f%%; "
-                 "log-error sd %.2f", p.label(), first, 100 * top[1], 100 * top[4], 100 * top[8],
+                 "log-error sd %.2f", d.problem.label(), first, 100 * top[1], 100 * top[4], 100 * top[8],
                  statistics.pstdev(errs))
 
 
 def main(argv: list[str] | None = None) -> int:
+    from search import DEV_PROBLEMS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="data/replay/matmul-h100.jsonl")
+    ap.add_argument("--problems", choices=("dev", "all"), default="dev")
     ap.add_argument("--fit", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    data = dev_data(args.dataset)
+    ds = load_dataset(args.dataset, get_family(KERNEL))
+    chosen = [p for p in ds.problems if args.problems == "all" or p.label() in DEV_PROBLEMS]
+    data = problem_data(ds, chosen)
     k = DEFAULT_CONSTANTS
-    log.info("current constants: loss %.4f", loss(data, k))
+    log.info("current constants: loss %.4f on %d problems", loss(data, k), len(data))
     if args.fit:
-        k = fit(data, k)
-        log.info("fitted: %s", ", ".join(f"{n}={getattr(k, n):.4g}" for n in FITTED))
+        k = fit(data)
+        log.info("fitted (loss %.4f): %s", loss(data, k), ", ".join(f"{n}={getattr(k, n):.4g}" for n in FITTED))
     report(data, k)
     return 0
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     raise SystemExit(main())

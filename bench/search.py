@@ -1,7 +1,7 @@
 """Search efficiency of the proposers on recorded data: how few measurements reach the optimum.
 
     python bench/search.py --dataset data/replay/matmul-h100.jsonl --out bench/results/search-h100.json \\
-        [--proposers random,grid,optuna,rules,portfolio] [--seeds 10] [--jobs 2]
+        [--protocol lopo|dev-split] [--proposers random,grid,optuna,rules,portfolio] [--seeds 10] [--jobs 2]
 
 Method. Every (proposer, problem, seed) is a fresh campaign of one problem on the replay
 backend, driven in process by `drive` below: the driver's loop without the store and queue
@@ -23,16 +23,21 @@ Baseline `fixed-list`: for each problem, the best fixed list of B configs chosen
 the OTHER problems (leave one problem out): each step adds the config that most lowers the
 worst regret of the list on the training problems, then the mean. Deterministic.
 
-Held out. The `rules` model's constants (agents/tile_model.py, agents/roofline.py, the GP
-settings in agents/rules.py) were developed on DEV_PROBLEMS only; the headline numbers are
-over the other problems of the dataset ("held-out"), and numbers over all problems are
-reported beside them. Nothing is fitted on the dataset by this script except the fixed-list
-baseline, which is fitted leave-one-problem-out.
+Held out. The `rules` tile model's fitted constants (bench/fit_rules.FITTED) are refitted
+here so that no problem is scored with constants that saw it; the shipped defaults
+(agents/tile_model.Constants, fitted on every recorded problem) are never used. `--protocol
+lopo` (the default): for each problem, the constants are fitted on all the OTHER problems
+(leave one problem out) and every problem counts as held out. `--protocol dev-split`: one
+fit on DEV_PROBLEMS, scored on the others ("held_out"; "all" adds the development problems).
+The portfolio's `rules` member gets the same constants. The rest of the rules proposer (the
+model's form, the GP settings, the measured ceilings of agents/roofline.py) is fixed; the
+fixed-list baseline is chosen leave one problem out in both protocols.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -47,9 +52,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tilepilot.agents.base import ProposerContext, SearchState
+from fit_rules import fit, problem_data
+
+from tilepilot.agents.base import Proposer, ProposerContext, SearchState
+from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
 from tilepilot.agents.registry import get_proposer
+from tilepilot.agents.rules import RulesProposer
+from tilepilot.agents.tile_model import Constants
 from tilepilot.experiments import Config, Problem, Result, Status
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
@@ -59,8 +70,11 @@ KERNEL = "matmul"
 BATCH = 4
 TOLERANCE = 0.02
 PROPOSERS = ("random", "grid", "optuna", "rules", "portfolio")
+PROTOCOLS = ("lopo", "dev-split")
 BUDGET_FRACTIONS = (0.05, 0.10, 0.20)
-# The problems the rules model's constants were developed on (labels as Problem.label()).
+# The development problems of `--protocol dev-split` (labels as Problem.label()): the first
+# rules model was developed on these alone (the rest of the dataset unseen) and scored on
+# the others (bench/results/search-h100-devsplit.json).
 DEV_PROBLEMS = (
     "M=4096 N=4096 K=4096 bf16",
     "M=64 N=4096 K=4096 bf16",
@@ -78,11 +92,26 @@ class Trace:
     times_ms: tuple[float | None, ...]  # None: the config did not give a timing
 
 
-def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, budget: int) -> Trace:
+def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) -> Proposer:
+    """A registered proposer; `rules` (alone or in the portfolio) with the given model constants."""
+    if constants is None:
+        return get_proposer(name)(ctx)
+    if name == "rules":
+        return RulesProposer(ctx, constants=constants)
+    if name == "portfolio":
+        def rules(c: ProposerContext) -> Proposer:
+            return RulesProposer(c, constants=constants)
+
+        return PortfolioProposer(ctx, PortfolioSettings(builders={"rules": rules}))
+    return get_proposer(name)(ctx)
+
+
+def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, budget: int,
+          constants: Constants | None = None) -> Trace:
     """One campaign of one problem, in process (the driver's propose/observe cycle, see the docstring)."""
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
-    p = get_proposer(proposer)(ProposerContext(KERNEL, problem, space, seed, budget))
+    p = make_proposer(proposer, ProposerContext(KERNEL, problem, space, seed, budget), constants)
     state = SearchState()
     configs: list[Config] = []
     times: list[float | None] = []
@@ -171,13 +200,34 @@ def _init(path: str) -> None:
     _DATASET = load_dataset(path, get_family(KERNEL))
 
 
-def _task(args: tuple[str, str, int, int]) -> tuple[str, str, int, int, list[float | None], float]:
-    proposer, problem_key, seed, budget = args
+Task = tuple[str, str, int, int, Constants | None]
+
+
+def _task(args: Task) -> tuple[str, str, int, int, list[float | None], float]:
+    proposer, problem_key, seed, budget, constants = args
     assert _DATASET is not None
     problem = next(p for p in _DATASET.problems if p.key() == problem_key)
     t0 = time.perf_counter()
-    trace = drive(_DATASET, problem, proposer, seed, budget)
+    trace = drive(_DATASET, problem, proposer, seed, budget, constants)
     return proposer, problem_key, seed, budget, list(trace.times_ms), time.perf_counter() - t0
+
+
+def _fit_task(train_keys: list[str]) -> Constants:
+    assert _DATASET is not None
+    return fit(problem_data(_DATASET, [p for p in _DATASET.problems if p.key() in train_keys]))
+
+
+def fold_constants(pool: Any, dataset: ReplayDataset, protocol: str) -> dict[str, Constants]:
+    """The rules model's constants each problem is scored with (problem key -> constants)."""
+    keys = [p.key() for p in dataset.problems]
+    if protocol == "dev-split":
+        chosen = [p for p in dataset.problems if p.label() in DEV_PROBLEMS]
+        if not chosen:
+            raise ValueError(f"{dataset.path.name} holds none of the development problems {DEV_PROBLEMS}")
+        dev = fit(problem_data(dataset, chosen))
+        return dict.fromkeys(keys, dev)
+    fitted = pool.map(_fit_task, [[k for k in keys if k != held] for held in keys], chunksize=1)
+    return dict(zip(keys, fitted, strict=True))
 
 
 # ---- aggregation ---------------------------------------------------------------------------------
@@ -264,15 +314,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dataset = load_dataset(args.dataset, get_family(KERNEL))
     problems = dataset.problems
     labels = [p.label() for p in problems]
-    held_out = [lb for lb in labels if lb not in DEV_PROBLEMS]
+    held_out = labels if args.protocol == "lopo" else [lb for lb in labels if lb not in DEV_PROBLEMS]
     grid = max(len(dataset.records(p)) for p in problems)
     budgets = [max(1, round(f * grid)) for f in BUDGET_FRACTIONS]
     proposers = [s for s in args.proposers.split(",") if s]
     seeds = list(range(args.seeds))
-    tasks = [(name, p.key(), s, b) for name in proposers for p in problems for s in seeds
-             for b in ([*budgets, len(dataset.records(p))] if name != "grid" or s == 0 else [])]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset),)) as pool:
+        constants = fold_constants(pool, dataset, args.protocol)
+        log.info("rules constants fitted (%s) in %.0f s", args.protocol, time.perf_counter() - t0)
+        tasks: list[Task] = [
+            (name, p.key(), s, b, constants[p.key()] if name in ("rules", "portfolio") else None)
+            for name in proposers for p in problems for s in seeds
+            for b in ([*budgets, len(dataset.records(p))] if name != "grid" or s == 0 else [])]
         done = pool.map(_task, tasks, chunksize=1)
     wall = time.perf_counter() - t0
     by_key = {p.key(): p for p in problems}
@@ -304,10 +358,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     out["fixed-list"] = fixed_list_summary(dataset, budgets, held_out, labels)
     return {
-        "command": " ".join(sys.argv),
+        "command": "python " + " ".join(sys.argv),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "dataset": dataset_info(dataset),
         "method": __doc__.split("Method. ")[1].split("\n\nHeld out.")[0].replace("\n", " "),
+        "protocol": args.protocol,
+        "held_out_method": __doc__.split("Held out. ")[1].replace("\n", " ").strip(),
+        "rules_constants": {p.label(): dataclasses.asdict(constants[p.key()]) for p in problems},
         "dev_problems": list(DEV_PROBLEMS),
         "held_out_problems": held_out,
         "grid": grid, "budgets": budgets, "batch": BATCH, "tolerance": TOLERANCE, "seeds": seeds,
@@ -335,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="data/replay/matmul-h100.jsonl")
     p.add_argument("--out", default="bench/results/search-h100.json")
+    p.add_argument("--protocol", choices=PROTOCOLS, default="lopo")
     p.add_argument("--proposers", default=",".join(PROPOSERS))
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2)

@@ -149,3 +149,15 @@ def test_a_compile_error_ranks_down_the_same_tile_shape() -> None:
     assert all(tuple(c.config[k] for k in shape) != tuple(first[k] for k in shape) for c in nxt)
     same = next(c for c in UNCHECKED if c != first and all(c[k] == first[k] for k in shape))
     assert "ranked down" in p._why(same, 1.0, 0.1, None, 0)
+
+
+def test_a_row_stride_not_divisible_by_16_is_named_and_costs_time() -> None:
+    aligned = Problem.of({"M": 3072, "N": 5120, "K": 1024, "dtype": "fp16"})
+    unaligned = Problem.of({"M": 3000, "N": 5000, "K": 1000, "dtype": "fp16"})
+    c = cfg(128, 64, 32, 4, 4)
+    assert estimate(aligned, c).scalar_operands == ""
+    assert estimate(unaligned, c).scalar_operands == "A, B"
+    assert estimate(Problem.of({**unaligned.as_dict(), "K": 1024}), c).scalar_operands == "B"
+    assert estimate(unaligned, c).predicted_ms > 2 * estimate(aligned, c).predicted_ms
+    why = RulesProposer(ProposerContext("matmul", unaligned, UNCHECKED, 0, 8)).propose(SearchState(), 1)[0].rationale
+    assert "not a multiple of 16: loads of A, B not vectorised" in why

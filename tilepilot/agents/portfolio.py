@@ -20,7 +20,7 @@ it, how the round was split and why, then the member's own reason.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tilepilot.agents.base import Proposer, ProposerContext, SearchState
@@ -55,6 +55,9 @@ class PortfolioSettings:
     floor: float = 0.1  # least share of all slots each member receives
     explore: float = 0.3  # weight of the UCB exploration term
     priors: dict[str, float] = field(default_factory=lambda: dict(PRIOR_IMPROVEMENTS))
+    # How to build a member other than through the registry (e.g. a rules proposer with other
+    # constants); the built proposer must carry the member's name.
+    builders: dict[str, Callable[[ProposerContext], Proposer]] = field(default_factory=dict)
 
 
 class PortfolioProposer(Proposer):
@@ -66,11 +69,17 @@ class PortfolioProposer(Proposer):
         names = self.settings.members
         if not names or len(set(names)) != len(names) or self.name in names:
             raise InputError(f"portfolio members {names!r} must be distinct proposers other than 'portfolio'")
-        self.members = [Member(n, get_proposer(n)(ctx), self.settings.priors.get(n, DEFAULT_PRIOR))
-                        for n in names]
+        self.members = [Member(n, self._build(n, ctx), self.settings.priors.get(n, DEFAULT_PRIOR)) for n in names]
         self._owner: dict[Config, Member] = {}
         self._seen_results: dict[Config, Result] = {}
         self._best_ms: float | None = None
+
+    def _build(self, name: str, ctx: ProposerContext) -> Proposer:
+        builder = self.settings.builders.get(name)
+        proposer = builder(ctx) if builder else get_proposer(name)(ctx)
+        if proposer.name != name:
+            raise TypeError(f"the builder of member {name!r} made a proposer named {proposer.name!r}")
+        return proposer
 
     # ---- the contract --------------------------------------------------------------
     def propose(self, state: SearchState, n: int) -> list[Candidate]:

@@ -43,8 +43,8 @@ FAILED_SHAPE_PENALTY = math.log(4.0)  # added to the log-prediction of a config 
 @dataclass(frozen=True)
 class RulesSettings:
     kappa: float = 1.0  # lower confidence bound: corrected log-prediction - kappa * std
-    signal_var: float = 0.1  # prior variance of the model's log-error between configs
-    offset_var: float = 0.1  # prior variance of the model's log-error common to the problem
+    signal_var: float = 0.2  # prior variance of the model's log-error between configs
+    offset_var: float = 0.05  # prior variance of the model's log-error common to the problem
     noise_var: float = 0.02**2
     lengthscales: dict[str, float] = field(default_factory=lambda: {
         "BLOCK_SIZE_M": 0.8, "BLOCK_M": 0.8, "BLOCK_SIZE_N": 0.8, "BLOCK_N": 0.8,

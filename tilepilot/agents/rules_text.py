@@ -27,6 +27,8 @@ def describe(est: Estimate, roofline: Roofline | None, device: Device) -> str:
                      f"~{est.spilled_regs:.0f} over {device.max_regs_per_thread}")
     else:
         parts.append(f"{est.acc_regs:.0f} accumulator regs/thread, no spill")
+    if est.scalar_operands:
+        parts.append(f"row stride not a multiple of 16: loads of {est.scalar_operands} not vectorised")
     if est.waste >= 0.05:
         parts.append(f"padding wastes {100 * est.waste:.0f}% of the MMA work")
     if roofline is not None:
