@@ -6,6 +6,8 @@ seeded noise, not GPU measurements.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 import sqlite3
 
@@ -60,19 +62,21 @@ def sample(n_per_problem: int, seed: int = 0) -> list[Observation]:
     return out
 
 
-def noise_obs(n_pairs: int, sd: float, seed: int = 0) -> list[Observation]:
-    """Pairs on num_warps whose ratios are pure noise of `sd` (log scale), spread 1%."""
+def drawn(obs: list[Observation], h: Hypothesis) -> list[Observation]:
+    """The observations as if each had been queued to test `h` (so every pair is its evidence)."""
+    return [dataclasses.replace(o, tests=h.id) for o in obs]
+
+
+def noise_pairs(h: Hypothesis, n_pairs: int, sd: float, seed: int = 0) -> list[Observation]:
+    """n pairs on num_warps (8 vs 4) whose ratios are pure noise of `sd` (log scale), drawn for h."""
     rng = random.Random(seed)
     p = PROBLEMS[3]
     out = []
-    for i, c in enumerate(fx.configs()[: 2 * n_pairs]):
-        if c["num_warps"] != 4:
-            continue
-        a = Config.of(c)
-        b = Config.of({**c, "num_warps": 8})
-        out.append(Observation(f"a{i}", p, a, 1.0, 0.01))
-        out.append(Observation(f"b{i}", p, b, 2.718281828 ** rng.gauss(0.0, sd), 0.01))
-    return out[: 2 * n_pairs]
+    for i in range(n_pairs):
+        out.append(Observation(f"a{i}", p, Config.of({"i": i, "num_warps": 8}), 1.0, 0.01, h.id))
+        out.append(Observation(f"b{i}", p, Config.of({"i": i, "num_warps": 4}), math.exp(rng.gauss(0.0, sd)), 0.01,
+                               h.id))
+    return out
 
 
 # ---- scopes --------------------------------------------------------------------------------------
@@ -129,48 +133,64 @@ def test_pairs_differ_only_in_the_parameter_and_lie_in_scope():
 
 
 def test_judge_validates_a_real_effect():
-    v, evidence = judge(hyp("num_stages", 4, 3, "K>=4096"), sample(12, seed=3))
+    h = hyp("num_stages", 4, 3, "K>=4096")
+    v, evidence = judge(h, drawn(sample(12, seed=3), h))
     assert v.state is HypothesisState.VALIDATED
     assert 1.08 < v.effect < 1.16 and v.ci_low > 1.0 and v.pairs >= 3
     assert len(evidence) == v.pairs and all(e.relation == "supports" for e in evidence)
 
 
 def test_judge_rules_out_the_reversed_effect():
-    v, evidence = judge(hyp("num_stages", 3, 4, "K>=4096"), sample(12, seed=3))
+    h = hyp("num_stages", 3, 4, "K>=4096")
+    v, evidence = judge(h, drawn(sample(12, seed=3), h))
     assert v.state is HypothesisState.RULED_OUT and v.effect < 0.95
     assert "other way" in v.reason and all(e.relation == "refutes" for e in evidence)
 
 
+def test_judge_counts_only_pairs_drawn_to_test_the_hypothesis():
+    h = hyp("num_stages", 4, 3, "K>=4096")
+    obs = sample(12, seed=3)
+    assert judge(h, obs)[0].pairs == 0  # the proposer's configs are not a fair sample of the scope
+    one = next(p for p in find_pairs(h, obs))
+    marked = [dataclasses.replace(o, tests=h.id) if o is one.b else o for o in obs]
+    v, evidence = judge(h, marked)
+    assert v.pairs == 1 and (evidence[0].experiment_a, evidence[0].experiment_b) == (one.a.key, one.b.key)
+    other = hyp("num_stages", 4, 3, "K>=8192")
+    assert judge(other, drawn(obs, h))[0].pairs == 0  # drawn for another hypothesis
+
+
 def test_judge_stays_undecided_on_noise_with_few_pairs():
     h = hyp("num_warps", 8, 4)
-    obs = noise_obs(4, sd=0.02)
+    obs = noise_pairs(h, 6, sd=0.02)
     assert judge(h, obs)[0].state is HypothesisState.TESTING
     final, _ = judge(h, obs, final=True)
     assert final.state is HypothesisState.INCONCLUSIVE
 
 
-def test_judge_rules_out_an_effect_confidently_within_noise():
-    v, _ = judge(hyp("num_warps", 8, 4), noise_obs(16, sd=0.003))
+def test_judge_rules_out_an_effect_within_noise_only_with_many_pairs():
+    h = hyp("num_warps", 8, 4)
+    assert judge(h, noise_pairs(h, 12, sd=0.003))[0].state is not HypothesisState.RULED_OUT
+    v, _ = judge(h, noise_pairs(h, 600, sd=0.003))
     assert v.state is HypothesisState.RULED_OUT and "within the noise" in v.reason
 
 
 def test_judge_never_decides_on_fewer_than_three_pairs():
     h = hyp("BLOCK_SIZE_M", 64, 128, "M<=64")
     two = find_pairs(h, GRID)[:2]
-    v, _ = judge(h, [o for p in two for o in (p.a, p.b)], final=True)
+    v, _ = judge(h, drawn([o for p in two for o in (p.a, p.b)], h), final=True)
     assert v.pairs == 2 and v.state is HypothesisState.INCONCLUSIVE
 
 
 def test_judge_does_not_validate_when_one_problem_in_scope_goes_the_other_way():
-    # true geometric mean over M <= 4096 favours 64, but on M = 4096 128 is faster
+    # the geometric mean over M <= 4096 favours 64, but on M = 4096 128 is faster
     h = hyp("BLOCK_SIZE_M", 64, 128, "M<=4096")
-    v, _ = judge(h, GRID)
+    v, _ = judge(h, drawn(GRID, h))
     assert v.state is not HypothesisState.VALIDATED and "is faster on" in v.reason
 
 
 def test_noise_threshold_comes_from_the_measured_spread():
     h = hyp("num_stages", 4, 3, "K>=4096")
-    wide = [Observation(o.key, o.problem, o.config, o.median_ms, 0.30) for o in sample(12, seed=3)]
+    wide = [Observation(o.key, o.problem, o.config, o.median_ms, 0.30, h.id) for o in sample(12, seed=3)]
     v, _ = judge(h, wide)
     assert v.noise == pytest.approx(0.30) and v.state is not HypothesisState.VALIDATED
 
@@ -244,22 +264,35 @@ def test_miner_proposes_nothing_without_budget_or_enough_results():
     assert all(len(find_pairs(h, obs)) >= 3 for h in found)
 
 
-def test_experiments_flip_the_best_config_first_and_respect_room_and_seen():
+def test_experiments_are_random_pairs_within_room_and_unseen():
     obs = sample(6, seed=2)
     h = hyp("num_stages", 4, 3, "K>=4096")
     in_scope = [p for p in PROBLEMS if p["K"] >= 4096]
     seen = {p: {o.config for o in obs if o.problem == p} for p in PROBLEMS}
-    room = {p: 1 for p in PROBLEMS}
-    cands = miner().experiments(h, obs, seen=seen, room=room, n=10)
-    assert 0 < len(cands) <= len(in_scope)
+    room = {p: 2 for p in PROBLEMS}
+    cands = miner().experiments(h, seen=seen, room=room, pairs=10)
+    assert cands
+    per_problem: dict = {}
     for c in cands:
         assert c.hypothesis_id == h.id and c.proposer == "hypotheses" and c.problem in in_scope
-        assert c.config not in seen[c.problem]
-        partner = Config.of({**c.config.as_dict(), "num_stages": 7 - c.config["num_stages"]})
-        assert partner in seen[c.problem]  # one new experiment makes one pair
-    best = min((o for o in obs if o.problem == cands[0].problem), key=lambda o: o.median_ms)
-    if best.config["num_stages"] in (3, 4):
-        assert "best config" in cands[0].rationale
+        assert c.config not in seen[c.problem] and "random pair" in c.rationale
+        per_problem.setdefault(c.problem, []).append(c.config)
+    for p, configs in per_problem.items():
+        assert len(configs) <= 2  # room
+        for c in configs:  # each queued config's partner is queued too, or measured already
+            partner = Config.of({**c.as_dict(), "num_stages": 7 - c["num_stages"]})
+            assert partner in configs or partner in seen[p]
+    assert len(per_problem) == len(in_scope)  # the problems in scope take turns
+
+
+def test_experiments_balance_the_other_parameters():
+    h = hyp("num_stages", 4, 3)
+    cands = miner().experiments(h, seen={}, room={p: 8 for p in PROBLEMS}, pairs=16)
+    bases = [c.config for c in cands if c.config["num_stages"] == 4]
+    assert len(bases) == 16
+    for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps"):
+        counts = [sum(c[name] == v for c in bases) for v in fx.GRID[name]]
+        assert max(counts) - min(counts) <= 1, (name, counts)
 
 
 # ---- the lab -------------------------------------------------------------------------------------
@@ -269,9 +302,9 @@ def run_lab(budget: int, seed: int) -> tuple[HypothesisLab, list, list]:
     lab = HypothesisLab(kernel="matmul", origin=f"lab-{seed}", env=ENV, spaces=SPACES, seed=seed)
     rng = random.Random(seed)
     by = {(o.problem, o.config): o for o in GRID}
-    measured = {p: rng.sample([o.config for o in GRID if o.problem == p], budget - 2) for p in PROBLEMS}
+    measured = {p: rng.sample([o.config for o in GRID if o.problem == p], budget - 4) for p in PROBLEMS}
     obs = [by[(p, c)] for p, cs in measured.items() for c in cs]
-    room = {p: 2 for p in PROBLEMS}
+    room = {p: 4 for p in PROBLEMS}
     judgements, learnings = [], []
     for _ in range(5):
         step = lab.step(obs, seen={p: set(measured[p]) for p in PROBLEMS}, room=room, pending={})
@@ -280,14 +313,14 @@ def run_lab(budget: int, seed: int) -> tuple[HypothesisLab, list, list]:
         for c in step.candidates:
             room[c.problem] -= 1
             measured[c.problem].append(c.config)
-            obs.append(by[(c.problem, c.config)])
+            obs.append(dataclasses.replace(by[(c.problem, c.config)], tests=c.hypothesis_id))
     final = lab.step(obs, seen={}, room=room, pending={}, final=True)
     return lab, judgements + list(final.judgements), learnings
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_lab_verdicts_agree_with_the_full_grid(seed):
-    lab, judgements, learnings = run_lab(budget=10, seed=seed)
+    lab, judgements, learnings = run_lab(budget=12, seed=seed)
     last = {j.hypothesis.id: j for j in judgements}
     assert last and all(lab.states[h] is j.verdict.state for h, j in last.items())
     assert all(j.verdict.state.terminal for j in last.values())  # nothing left open at the end
@@ -301,7 +334,7 @@ def test_lab_verdicts_agree_with_the_full_grid(seed):
 
 def test_learning_keeps_the_hypothesis_scope_and_toolchain():
     h = hyp("BLOCK_SIZE_M", 64, 128, "M<=64")
-    v, evidence = judge(h, GRID)
+    v, evidence = judge(h, drawn(GRID, h))
     lrn = Learning.from_verdict(h, v, torch="2.11", triton="3.6", evidence=[e.experiment_a for e in evidence])
     assert lrn.scope == h.scope and lrn.hypothesis_id == h.id and "torch 2.11, triton 3.6" in lrn.text
     assert lrn.applies_to("matmul", "synthetic", {"M": 48, "N": 1, "K": 1, "dtype": "bf16"})
@@ -337,8 +370,8 @@ def _record(store: Store, cid: int, obs: list[Observation]) -> list[Observation]
 def test_verdicts_evidence_and_learnings_are_stored_and_read_back(store, tmp_path):
     cid = store.create_campaign(Campaign("c", "matmul", "random", 8, 0, ()), backend="replay", dataset="",
                                 device=fx.DEVICE)
-    obs = _record(store, cid, sample(12, seed=3))
     h = hyp("num_stages", 4, 3, "K>=4096")
+    obs = drawn(_record(store, cid, sample(12, seed=3)), h)
     assert store.add_hypothesis(cid, h) and not store.add_hypothesis(cid, h)
     testing = judge(h, obs[:6])[0]
     assert testing.state is HypothesisState.TESTING

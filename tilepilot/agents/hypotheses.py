@@ -1,17 +1,16 @@
 """The hypothesis ledger's offline agents: the judge, the miner, and the lab that runs both.
 
-- `judge` decides from results only. Pairs are configs identical except the hypothesis'
-  parameter, both `ok`, on a problem in scope; the effect is the geometric mean of
-  median_ms(b) / median_ms(a). The noise is the measured spread of the timings (their
-  rel_spread, at least `NOISE_FLOOR`). Validated: at least `MIN_PAIRS` pairs, the effect
-  beyond 1 + noise, its 95% t-interval above 1, a sign test (a faster in enough pairs), and
-  no problem in scope whose pairs favour b beyond the noise.
-  Ruled out: at least `MIN_PAIRS` pairs and the interval below 1 + noise (the effect is
-  confidently the other way or within noise). Otherwise testing, and inconclusive when no
-  more pairs can be had.
+- `judge` decides from results only. Its pairs are configs identical except the hypothesis'
+  parameter, both `ok`, on a problem in scope, and drawn at random to test it (a side queued
+  for it: `Observation.tests`); the effect is the geometric mean of median_ms(b) /
+  median_ms(a). The noise is the measured spread of the timings (their rel_spread, at least
+  `NOISE_FLOOR`). Validated: at least `MIN_PAIRS` pairs, the effect beyond 1 + noise, its 95%
+  t-interval above 1, a sign test (a faster in enough pairs), and no problem in scope whose
+  pairs (two or more) favour b beyond the noise. Ruled out: at least `MIN_PAIRS` pairs and the interval
+  below 1 + noise (the effect is confidently the other way or within noise). Otherwise
+  testing, and inconclusive when no more pairs can be had.
 - `HypothesisMiner` (in `miner.py`) proposes hypotheses from the results so far and names
-  the experiments that would settle each (the best config with the parameter flipped, then
-  other measured configs flipped).
+  the experiments that would settle each (random pairs in scope).
 - `HypothesisLab` holds a campaign's active hypotheses and turns new results into a `Step`:
   hypotheses to store, verdicts with their evidence, learnings and the candidates to queue.
   It never writes: the campaign driver stores what it returns.
@@ -42,10 +41,15 @@ __all__ = [
     "Step", "check_verdict", "find_pairs", "judge",
 ]
 
-MIN_PAIRS = 3  # fewer pairs never decide
+MIN_PAIRS = 5  # fewer pairs never decide
 MAX_PAIRS = 12  # an effect not settled by this many pairs is inconclusive
 NOISE_FLOOR = 0.01  # relative; a spread below it is not believed
 SIGN_P = 0.15  # one-sided sign-test p-value a validation needs
+# Paired log-ratios are heavy-tailed (on the recorded H100 grid their standard deviation over a
+# scope is 0.11 to 0.87): a few pairs that happen to agree do not show a small spread.
+SPREAD_FLOOR = 0.1  # least standard deviation of the paired log-ratios believed
+ADAPTIVE_SPREAD = True
+MIN_PAIRS_NULL = 8  # pairs needed to rule an effect out as within the noise
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
          2.045, 2.042)  # Student t, 97.5% quantile, df = 1..30
@@ -58,11 +62,11 @@ def _t975(df: int) -> float:
 
 
 def _against(pairs: Sequence[Pair], tau: float) -> list[str]:
-    """The problems where the pairs' mean clearly favours b: a scope the claim does not hold on."""
+    """The problems whose pairs (two or more) clearly favour b on average: the claim fails there."""
     by_problem: dict[Problem, list[float]] = {}
     for p in pairs:
         by_problem.setdefault(p.a.problem, []).append(math.log(p.ratio))
-    return [p.label() for p, x in by_problem.items() if statistics.fmean(x) < -tau]
+    return [p.label() for p, x in by_problem.items() if len(x) >= 2 and statistics.fmean(x) < -tau]
 
 
 def _sign_p(wins: int, n: int) -> float:
@@ -78,13 +82,14 @@ class Judgement:
     previous: HypothesisState  # the state before this judgement
 
 
-def judge(h: Hypothesis, observations: Iterable[Observation], *, final: bool = False) -> tuple[Verdict, list[Evidence]]:
+def judge(h: Hypothesis, observations: Iterable[Observation], *, final: bool = False,
+          spread: float = SPREAD_FLOOR) -> tuple[Verdict, list[Evidence]]:
     """The verdict the results give `h`, and the pairs it rests on (see the module docstring).
 
     `final`: no more results will come (the campaign ends), so an undecided hypothesis is
     inconclusive rather than testing.
     """
-    pairs = find_pairs(h, observations)
+    pairs = find_pairs(h, observations, drawn=True)
     noise = max(NOISE_FLOOR, statistics.median(p.spread for p in pairs)) if pairs else NOISE_FLOOR
     evidence = [Evidence(h.id, p.a.key, p.b.key, p.a.problem.key(), p.ratio,
                          "supports" if p.ratio > 1 + noise else "refutes") for p in pairs]
@@ -95,7 +100,7 @@ def judge(h: Hypothesis, observations: Iterable[Observation], *, final: bool = F
     x = [math.log(p.ratio) for p in pairs]
     wins, losses = sum(v > 0 for v in x), sum(v < 0 for v in x)
     mean = statistics.fmean(x)
-    sd = max(statistics.stdev(x) if n > 1 else 0.0, noise)
+    sd = max(statistics.stdev(x) if n > 1 else 0.0, noise, spread)
     half = _t975(n - 1) * sd / math.sqrt(n) if n > 1 else math.inf
     lo, hi = mean - half, mean + half
     tau = math.log1p(noise)
@@ -106,7 +111,7 @@ def judge(h: Hypothesis, observations: Iterable[Observation], *, final: bool = F
     against = _against(pairs, tau)
     if n >= MIN_PAIRS and lo > 0 and mean > tau and _sign_p(wins, n) <= SIGN_P and not against:
         state, why = HypothesisState.VALIDATED, "validated: effect beyond the noise"
-    elif n >= MIN_PAIRS and hi < tau:
+    elif (n >= MIN_PAIRS and hi < 0) or (n >= MIN_PAIRS_NULL and hi < tau):
         why = "ruled out: confidently the other way" if hi < 0 else "ruled out: confidently within the noise"
         state = HypothesisState.RULED_OUT
     else:
@@ -196,14 +201,14 @@ class HypothesisLab:
         judgements, learnings = self._judge_all(observations, room, pending, final)
         proposed: list[Hypothesis] = []
         if not final:
-            entries = self.known + [LedgerEntry(h, self.states[h.id]) for h in self.hypotheses.values()]
+            entries = self.known + [LedgerEntry(h, self.states[h.id], here=True) for h in self.hypotheses.values()]
             for h in self.miner.mine(observations, known=entries, room=room, max_new=MAX_ACTIVE - len(self.active)):
                 self.hypotheses[h.id], self.states[h.id] = h, HypothesisState.PROPOSED
                 proposed.append(h)
                 j, learned = self._judge_one(h, observations, room, pending, final=False)
                 judgements.extend(j)
                 learnings.extend(learned)
-        candidates = [] if final else self._experiments(observations, seen, room, pending, judgements)
+        candidates = [] if final else self._experiments(seen, room, pending, judgements)
         return Step(tuple(proposed), tuple(judgements), tuple(learnings), tuple(candidates))
 
     def _judge_all(self, observations: Sequence[Observation], room: Mapping[Problem, int],
@@ -218,7 +223,7 @@ class HypothesisLab:
 
     def _judge_one(self, h: Hypothesis, observations: Sequence[Observation], room: Mapping[Problem, int],
                    pending: Mapping[str, int], *, final: bool) -> tuple[list[Judgement], list[Learning]]:
-        verdict, evidence = judge(h, observations, final=final)
+        verdict, evidence = judge(h, observations, final=final, spread=self._spread(observations))
         previous = self.states[h.id]
         if verdict.state is HypothesisState.TESTING:
             if not pending.get(h.id) and room_in_scope(h, room) == 0 and previous is HypothesisState.TESTING:
@@ -235,17 +240,30 @@ class HypothesisLab:
                                                  evidence=keys))
         return [Judgement(h, verdict, tuple(evidence), previous)], learned
 
-    def _experiments(self, observations: Sequence[Observation], seen: Mapping[Problem, set[Config]],
-                     room: dict[Problem, int], pending: Mapping[str, int],
-                     judgements: list[Judgement]) -> list[Candidate]:
+    def _spread(self, observations: Sequence[Observation]) -> float:
+        """The typical spread of paired log-ratios in this campaign: the median, over its
+        hypotheses with MIN_PAIRS drawn pairs or more, of their standard deviation; SPREAD_FLOOR
+        until there is one. A few pairs of one hypothesis that happen to agree say little about
+        the tails of its effect; the other hypotheses' pairs show how wide effects spread here."""
+        if not ADAPTIVE_SPREAD:
+            return SPREAD_FLOOR
+        sds = []
+        for h in self.hypotheses.values():
+            x = [math.log(p.ratio) for p in find_pairs(h, observations, drawn=True)]
+            if len(x) >= MIN_PAIRS:
+                sds.append(statistics.stdev(x))
+        return statistics.median(sds) if sds else SPREAD_FLOOR
+
+    def _experiments(self, seen: Mapping[Problem, set[Config]], room: dict[Problem, int],
+                     pending: Mapping[str, int], judgements: list[Judgement]) -> list[Candidate]:
         taken = {p: set(configs) for p, configs in seen.items()}
         out: list[Candidate] = []
         for h in self.active:
             if pending.get(h.id):
                 continue
             pairs = self._pairs.get(h.id, 0)
-            want = max(MIN_PAIRS - pairs, 2)
-            cands = self.miner.experiments(h, observations, seen=taken, room=room, n=min(want, MAX_PAIRS - pairs))
+            want = min(max(MIN_PAIRS - pairs, 2), MAX_PAIRS - pairs)
+            cands = self.miner.experiments(h, seen=taken, room=room, pairs=want)
             for c in cands:
                 taken.setdefault(c.problem, set()).add(c.config)
                 room[c.problem] -= 1
@@ -253,7 +271,7 @@ class HypothesisLab:
             if cands and self.states[h.id] is HypothesisState.PROPOSED:
                 self.states[h.id] = HypothesisState.TESTING
                 last = next((j.verdict for j in judgements if j.hypothesis.id == h.id), None)
-                verdict = _restate(last or judge(h, observations)[0], HypothesisState.TESTING, "experiments queued")
+                verdict = _restate(last or judge(h, [])[0], HypothesisState.TESTING, "experiments queued")
                 judgements.append(Judgement(h, verdict, (), HypothesisState.PROPOSED))
         return out
 

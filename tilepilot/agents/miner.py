@@ -1,6 +1,6 @@
 """The hypothesis miner: from the results so far to falsifiable statements and their experiments.
 
-For each problem with enough ok results, a ridge regression of log(median_ms) on one-hot
+Once most problems have a few ok results, for each of them a ridge regression of log(median_ms) on one-hot
 parameter values (a main-effects model) estimates, for each pair of adjacent values of each
 parameter, the paired effect of switching one for the other. A statement "p=a beats p=b when
 SCOPE" is proposed where the estimate is large enough and agrees in sign over most problems of
@@ -11,9 +11,13 @@ Not proposed: a statement the ledger holds already; one whose question (paramete
 an active or decided hypothesis asks of overlapping problems (it would restate, imply or
 contradict it); one with no budget left in scope to test it.
 
-The experiments that settle a hypothesis are paired configs: a measured config of a problem in
-scope with the parameter flipped, the problem's best config first, then others in a seeded
-order, spread round-robin over the problems in scope.
+The experiments that settle a hypothesis are random pairs: a config drawn from the valid
+configs of a problem in scope and the same config with the parameter flipped, the problems in
+scope taking turns and the draws balanced over the values of the other parameters and their
+combinations. Only such
+drawn pairs are evidence (see `hypotheses.judge`): the configs a proposer chose, or the best
+config and its flip, are not a fair sample of the scope; on the recorded H100 grid, pairs near
+the optimum can even reverse the sign of an effect that holds over the scope.
 """
 
 from __future__ import annotations
@@ -22,29 +26,31 @@ import hashlib
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tilepilot.agents.pairs import Observation, find_pairs
+from tilepilot.agents.pairs import Observation
 from tilepilot.experiments import Candidate, Config, Problem, SearchSpace, Value
 from tilepilot.experiments.hypothesis import Bound, Hypothesis, HypothesisState, Scope
 
 NAME = "hypotheses"  # the proposer name on the candidates the miner queues
 MAX_ACTIVE = 3  # hypotheses under test at once, per campaign
 MIN_OBS = 4  # ok results a problem needs before it feeds the miner
+MIN_READY = 0.5  # share of the campaign's problems with MIN_OBS results before anything is proposed
 MIN_SIGNAL = math.log(1.03)  # estimated effect a statement needs (in log time)
 MIN_AGREEMENT = 0.8  # share of the scope's problems whose estimate has the statement's sign
 MIN_COVERAGE = 0.5  # share of the scope's problems that have an estimate at all
 RIDGE = 1.0
-MIN_PAIRS_WITHOUT_ROOM = 3  # a statement with no budget left in scope needs this many pairs already
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
     hypothesis: Hypothesis
     state: HypothesisState
+    here: bool = False  # stated in this campaign (then even an inconclusive one is not restated)
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,8 @@ class HypothesisMiner:
         self.seed = seed
         self.scopes = candidate_scopes(list(self.spaces))
         self.choices = _choices(list(self.spaces.values()))
+        self._pairs: dict[tuple[str, str, str, Problem], list[tuple[Config, Config]]] = {}
+        self._drawn: dict[str, Counter[tuple[str, ...]]] = {}  # per hypothesis: other parameters' values drawn
 
     # ---- statements --------------------------------------------------------------------------
     def mine(self, observations: Sequence[Observation], *, known: Sequence[LedgerEntry],
@@ -115,7 +123,7 @@ class HypothesisMiner:
             if o.problem in self.spaces:
                 by_problem.setdefault(o.problem, []).append(o)
         estimates = {p: self._effects(obs) for p, obs in by_problem.items() if len(obs) >= MIN_OBS}
-        if not estimates:
+        if not estimates or len(estimates) < MIN_READY * len(self.spaces):
             return []
         min_problems = 2 if len(estimates) >= 2 else 1
         claims = [c for c in self._claims(estimates, min_problems)]
@@ -127,8 +135,8 @@ class HypothesisMiner:
                                a=c.a, b=c.b, scope=c.scope, rationale=self._why(c, by_problem))
             if _blocked(h, entries):
                 continue
-            if room_in_scope(h, room) == 0 and len(find_pairs(h, observations)) < MIN_PAIRS_WITHOUT_ROOM:
-                continue
+            if room_in_scope(h, room) < 2:
+                continue  # no budget left in scope to draw a pair
             chosen.append(h)
             entries.append(LedgerEntry(h, HypothesisState.PROPOSED))
             if len(chosen) == max_new:
@@ -178,56 +186,87 @@ class HypothesisMiner:
                 f"{c.agreement:.0%} of them")
 
     # ---- experiments -------------------------------------------------------------------------
-    def experiments(self, h: Hypothesis, observations: Sequence[Observation], *,
-                    seen: Mapping[Problem, set[Config]], room: Mapping[Problem, int], n: int) -> list[Candidate]:
-        """Up to `n` paired configs for `h`, at most room[p] per problem, none in seen[p]."""
-        queues = [self._flips(h, p, observations, seen.get(p, set())) for p in self.spaces
-                  if h.scope.contains(p) and room.get(p, 0) > 0]
-        left = {p: room[p] for p in self.spaces if room.get(p, 0) > 0}
+    def experiments(self, h: Hypothesis, *, seen: Mapping[Problem, set[Config]], room: Mapping[Problem, int],
+                    pairs: int) -> list[Candidate]:
+        """Candidates for up to `pairs` new random pairs for `h`: each a config drawn uniformly
+        from the problem's valid configs with the parameter at a or b, and its flip; what is not
+        measured yet is queued (one or two experiments a pair, at most room[p] per problem, none
+        in seen[p]). Problems in scope take turns, so the pairs spread over them."""
+        problems = [p for p in self.spaces if h.scope.contains(p) and room.get(p, 0) > 0]
+        random.Random(_seed(self.seed, h.id, len(seen))).shuffle(problems)
+        draws = {p: self._draws(h, p) for p in problems}
+        left = {p: room[p] for p in problems}
+        taken = {p: set(seen.get(p, set())) for p in problems}
         out: list[Candidate] = []
-        while len(out) < n and any(queues):
-            for q in queues:
-                if q and len(out) < n and left[q[0].problem] > 0:
-                    cand = q.pop(0)
-                    left[cand.problem] -= 1
-                    out.append(cand)
-                elif q:
-                    q.clear()
+        made = 0
+        while made < pairs and problems:
+            for p in list(problems):
+                pair = self._next_pair(h, p, draws[p], taken[p], left[p])
+                if pair is None:
+                    problems.remove(p)
+                    continue
+                out.extend(pair)
+                left[p] -= len(pair)
+                taken[p].update(c.config for c in pair)
+                made += 1
+                if made == pairs:
+                    break
         return out
 
-    def _flips(self, h: Hypothesis, problem: Problem, observations: Sequence[Observation],
-               seen: set[Config]) -> list[Candidate]:
-        space = self.spaces[problem]
-        bases = sorted((o for o in observations if o.problem == problem
-                        and (_same(o.config.get(h.param), h.a) or _same(o.config.get(h.param), h.b))),
-                       key=lambda o: o.median_ms)
-        rest = bases[1:]
-        random.Random(_seed(self.seed, h.id, problem.key())).shuffle(rest)
-        out: list[Candidate] = []
-        taken: set[Config] = set()
-        for rank, base in enumerate(bases[:1] + rest):
-            other = h.b if _same(base.config[h.param], h.a) else h.a
-            flip = Config.of({**base.config.as_dict(), h.param: other})
-            if flip in seen or flip in taken or space.check(flip, problem) is not None:
-                continue
-            taken.add(flip)
-            which = "best" if rank == 0 else "a measured"
-            out.append(Candidate(problem, flip, NAME, f"tests {h.id} ({h.text}): {which} config "
-                                 f"({base.median_ms:.4g} ms) with {h.param} {base.config[h.param]}->{other}",
-                                 hypothesis_id=h.id))
+    def _draws(self, h: Hypothesis, problem: Problem) -> list[tuple[Config, Config]]:
+        """The problem's pairs for `h` (both sides valid), in a seeded random order."""
+        key = (h.param, repr(h.a), repr(h.b), problem)
+        if key not in self._pairs:
+            space = self.spaces[problem]
+            found = []
+            for c in space.valid(problem):
+                if _same(c.get(h.param), h.a):
+                    flip = Config.of({**c.as_dict(), h.param: h.b})
+                    if space.check(flip, problem) is None:
+                        found.append((c, flip))
+            self._pairs[key] = found
+        out = list(self._pairs[key])
+        random.Random(_seed(self.seed, h.id, problem.key())).shuffle(out)
         return out
+
+    def _next_pair(self, h: Hypothesis, problem: Problem, draws: list[tuple[Config, Config]], taken: set[Config],
+                   left: int) -> list[Candidate] | None:
+        """The next pair, balanced: among the draws, one whose other parameters' values (alone and
+        two by two) have been drawn least for `h` so far (ties in the seeded random order), so that
+        a few pairs already cover the values of the other parameters and most of their
+        combinations: on the H100 grid an effect's tail sits in such combinations (e.g.
+        BLOCK_SIZE_N=256 with 4 warps)."""
+        counts = self._drawn.setdefault(h.id, Counter())
+        fresh = [(a, b) for a, b in draws if a not in taken or b not in taken]
+        if not fresh:
+            return None
+        a, b = min(fresh, key=lambda pair: sum(counts[cell] for cell in _cells(pair[0], h.param)))
+        draws.remove((a, b))
+        todo = [c for c in (a, b) if c not in taken]
+        if len(todo) > left:
+            return None
+        counts.update(_cells(a, h.param))
+        why = f"tests {h.id} ({h.text}): a random pair in scope, {h.param}={h.a} and {h.param}={h.b}"
+        return [Candidate(problem, c, NAME, why, hypothesis_id=h.id) for c in todo]
+
+
+def _cells(config: Config, param: str) -> list[tuple[str, ...]]:
+    """The values of the other parameters, alone and two by two: what a balanced draw spreads."""
+    values = [f"{k}={v!r}" for k, v in config.items() if k != param]
+    return [(v,) for v in values] + list(itertools.combinations(values, 2))
 
 
 def _blocked(h: Hypothesis, entries: Sequence[LedgerEntry]) -> bool:
-    """Already stated, or the same question asked of overlapping problems by a hypothesis that is
-    active or decided (an inconclusive one leaves the question open)."""
+    """Already stated, or the same question asked of overlapping problems by a hypothesis of this
+    campaign, or by one of another campaign that is active or decided (an inconclusive one
+    leaves the question open for later campaigns)."""
     for e in entries:
         g = e.hypothesis
         if not g.same_question(h):
             continue
         if g.statement_key == h.statement_key:
             return True
-        if e.state is not HypothesisState.INCONCLUSIVE and g.scope.overlaps(h.scope):
+        if (e.here or e.state is not HypothesisState.INCONCLUSIVE) and g.scope.overlaps(h.scope):
             return True
     return False
 

@@ -43,7 +43,11 @@ class _Params(Mapping[str, Value]):
         return dict(self.items_)
 
     def key(self) -> str:
-        return canonical_json(self.as_dict())
+        cached = self.__dict__.get("_key")  # computed once: hashing and equality go through it
+        if cached is None:
+            cached = canonical_json(self.as_dict())
+            object.__setattr__(self, "_key", cached)
+        return cached
 
     def label(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.items_)

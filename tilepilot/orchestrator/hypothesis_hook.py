@@ -2,8 +2,8 @@
 what the lab decided, and queue the experiments that settle the open hypotheses.
 
 A share of each problem's budget (`RESERVE_SHARE`) is held back from the proposer for those
-experiments; it goes back to the proposer once the lab has nothing to ask of that problem, so
-the budget is always spent in full. Events: `hypothesis` for each new hypothesis, `verdict`
+experiments; it goes back to the proposers once the lab has nothing more to ask, so the budget
+is always spent in full. Events: `hypothesis` for each new hypothesis, `verdict`
 for each one validated, ruled out or found inconclusive.
 """
 
@@ -42,8 +42,13 @@ class HypothesisHook:
             spaces={p: run.space for p, run in driver.runs.items()}, seed=driver.campaign.seed,
             ledger=[LedgerEntry(r.hypothesis, r.state) for r in rows if r.campaign_id != driver.campaign_id],
             resumed=[LedgerEntry(r.hypothesis, r.state) for r in rows if r.campaign_id == driver.campaign_id])
-        used = Counter(t.problem_key for t, _ in driver.store.campaign_results(driver.campaign_id) if t.hypothesis_id)
-        used.update(c.problem.key() for c in driver.candidates.values() if c.hypothesis_id)
+        # which hypothesis each experiment was queued to test: only those pairs are its evidence
+        self._tests: dict[tuple[Problem, Config], str] = {
+            (r.problem, r.config): t.hypothesis_id
+            for t, r in driver.store.campaign_results(driver.campaign_id) if t.hypothesis_id}
+        self._tests.update(((c.problem, c.config), c.hypothesis_id) for c in driver.candidates.values()
+                           if c.hypothesis_id)
+        used = Counter(p.key() for p, _ in self._tests)
         for p, run in driver.runs.items():
             run.reserved = max(0, reserve(driver.campaign.budget) - used[p.key()])
         self._keys: dict[tuple[Problem, Config], str] = {}
@@ -73,6 +78,8 @@ class HypothesisHook:
         by_problem: dict[Problem, list[Candidate]] = {}
         for c in step.candidates:
             by_problem.setdefault(c.problem, []).append(c)
+            if c.hypothesis_id:
+                self._tests[(c.problem, c.config)] = c.hypothesis_id
         self._asked = set(by_problem)
         for problem, cands in by_problem.items():
             run = d.runs[problem]
@@ -86,7 +93,7 @@ class HypothesisHook:
                 key = self._keys.get((p, config))
                 if key is None:
                     key = self._keys[(p, config)] = self.d._key(p, config)
-                o = Observation.of(key, result)
+                o = Observation.of(key, result, self._tests.get((p, config)))
                 if o is not None:
                     out.append(o)
         return out
@@ -112,11 +119,14 @@ class HypothesisHook:
                 store.add_learning(lrn)
 
     def _release(self) -> None:
-        """Give a problem's reserve back to its proposer once the lab asks nothing of it."""
+        """Give every reserve back to the proposers once the lab asks for nothing more: no
+        hypothesis experiment in flight, none asked for in the last step, and every problem's
+        proposer share measured (so no result that could start a new hypothesis is on its way)."""
+        runs = self.d.runs.values()
+        if self._asked or not any(run.reserved for run in runs):
+            return
         budget = self.d.campaign.budget
-        for p, run in self.d.runs.items():
-            if run.reserved and not run.state.pending and p not in self._asked \
-                    and (run.exhausted or run.counted + run.reserved >= budget):
-                log.debug("reserve of %d released for %s", run.reserved, p.label())
+        if all(run.exhausted or (not run.state.pending and run.counted + run.reserved >= budget) for run in runs):
+            log.debug("hypothesis reserves released: %d experiment(s)", sum(run.reserved for run in runs))
+            for run in runs:
                 run.reserved = 0
-
