@@ -4,7 +4,14 @@ Without an address a local Ray starts with the GPUs it finds (no dashboard, warn
 With "auto" or "host:port" tilepilot joins a running cluster (`ray start --head` on one
 machine, `ray start --address=...` on the others; every node needs the same auth token:
 LIBRARIES.md). A cluster that cannot be reached is one InputError line, not a minutes-long
-retry loop: "host:port" is probed with a plain TCP connection first.
+retry loop: "host:port" is probed with a plain TCP connection first, then asked for its
+cluster id with this machine's token.
+
+Token authentication: `ray start --head` turns it on when a token exists (`~/.ray/auth_token`,
+which any local `ray.init()` writes), but Ray sends the token only to a cluster it finds by
+itself, never to one named by address or RAY_ADDRESS, which then refuses the driver after
+20 s of retries. So when RAY_AUTH_MODE is unset and this machine has a token, joining turns
+token mode on (a cluster without authentication accepts it too).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import RayTaskError
+from ray.exceptions import AuthenticationError, RayTaskError, RpcError
 
 from tilepilot.experiments import InputError, TilepilotError
 
@@ -116,10 +123,38 @@ def _join(address: str) -> None:
         host, port = _parse(target, given=address)
         _probe(host, port, target)
     try:
+        _use_token(None if target == "auto" else target)
         ray.init(address=address, logging_level=logging.WARNING)
-    except ConnectionError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"cannot join a Ray cluster at {address!r}: {first}") from None
+    except AuthenticationError as e:
+        reason = str(e).split(". ")[0].rsplit(": ", 1)[-1]  # "RPC error: InvalidAuthToken: <reason>. <advice>"
+        raise InputError(f"cannot join a Ray cluster at {address!r}: {reason} (it uses token authentication: "
+                         "put the head's token in ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, "
+                         "and leave RAY_AUTH_MODE unset or 'token')") from None
+    except (ConnectionError, RpcError) as e:  # RpcError: an open port with no Ray GCS behind it (~40 s)
+        raise InputError(f"cannot join a Ray cluster at {address!r}: {_first_line(e)}") from None
+
+
+def _use_token(gcs_address: str | None) -> None:
+    """Send this machine's token if it has one and RAY_AUTH_MODE is unset, as Ray does for a
+    cluster it finds by itself; then ask the GCS for its cluster id, which fails at once with
+    AuthenticationError on a missing or wrong token (ray.init would retry for 20 s)."""
+    from ray._private.authentication import authentication_token_setup as setup
+    from ray._raylet import GcsClient
+
+    quiet = logging.getLogger(setup.__name__)  # its warning is for a head: "set ...=disabled to opt out"
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        setup.maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    finally:
+        quiet.setLevel(level)
+    setup.ensure_token_if_auth_enabled(None, create_token_if_missing=False)  # token mode without a token
+    if gcs_address is not None:
+        GcsClient(address=gcs_address)
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _parse(address: str, *, given: str) -> tuple[str, int]:
