@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from tilepilot.experiments import TilepilotError
@@ -132,7 +133,18 @@ class Child:
         return self._proc.pid if self._proc is not None else None
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.is_alive()
+        if self._proc is None or not self._proc.is_alive():
+            return False
+        # is_alive() calls a child that something else already reaped alive (waitpid: ECHILD),
+        # so ask the process table too: gone, or a zombie, is dead
+        try:
+            os.kill(self._proc.pid, 0)  # type: ignore[arg-type]
+            state = Path(f"/proc/{self._proc.pid}/stat").read_text().rsplit(") ", 1)[-1][:1]
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True  # no /proc here: trust is_alive()
+        return state != "Z"
 
     def start(self, timeout_s: float) -> dict[str, Any]:
         """Spawn the child and wait for it to be ready; returns its info dict.
