@@ -4,11 +4,14 @@
   parameter, both `ok`, on a problem in scope, and drawn at random to test it (a side queued
   for it: `Observation.tests`); the effect is the geometric mean of median_ms(b) /
   median_ms(a). The noise is the measured spread of the timings (their rel_spread, at least
-  `NOISE_FLOOR`). Validated: at least `MIN_PAIRS` pairs, the effect beyond 1 + noise, its 95%
-  t-interval above 1, a sign test (a faster in enough pairs), and no problem in scope whose
-  pairs (two or more) favour b beyond the noise. Ruled out: at least `MIN_PAIRS` pairs and the interval
-  below 1 + noise (the effect is confidently the other way or within noise). Otherwise
-  testing, and inconclusive when no more pairs can be had.
+  `NOISE_FLOOR`); the interval uses the spread of the paired ratios, at least the campaign's
+  typical one (paired ratios are heavy-tailed: a few that agree do not show their spread).
+  Validated: at least `MIN_PAIRS` pairs, the effect beyond 1 + noise, its 95% t-interval above
+  1, a sign test (a faster in enough pairs), and no problem in scope whose pairs (two or more)
+  favour b beyond the noise. Ruled out: at least `MIN_PAIRS` pairs and the interval below 1
+  (confidently the other way), or `MIN_PAIRS_NULL` pairs and the interval below 1 + noise
+  (confidently within the noise). Otherwise testing, and inconclusive when no more pairs can
+  be had (no budget left in scope, `MAX_PAIRS` reached, or the campaign ends).
 - `HypothesisMiner` (in `miner.py`) proposes hypotheses from the results so far and names
   the experiments that would settle each (random pairs in scope).
 - `HypothesisLab` holds a campaign's active hypotheses and turns new results into a `Step`:
@@ -87,7 +90,8 @@ def judge(h: Hypothesis, observations: Iterable[Observation], *, final: bool = F
     """The verdict the results give `h`, and the pairs it rests on (see the module docstring).
 
     `final`: no more results will come (the campaign ends), so an undecided hypothesis is
-    inconclusive rather than testing.
+    inconclusive rather than testing. `spread`: the least standard deviation of the paired
+    log-ratios to believe (the lab passes the campaign's typical spread).
     """
     pairs = find_pairs(h, observations, drawn=True)
     noise = max(NOISE_FLOOR, statistics.median(p.spread for p in pairs)) if pairs else NOISE_FLOOR
@@ -182,6 +186,7 @@ class HypothesisLab:
         self.states: dict[str, HypothesisState] = {}
         self.hypotheses: dict[str, Hypothesis] = {}
         self._pairs: dict[str, int] = {}
+        self._step_spread: float | None = None
         for e in resumed:
             self.hypotheses[e.hypothesis.id] = e.hypothesis
             self.states[e.hypothesis.id] = e.state
@@ -198,6 +203,7 @@ class HypothesisLab:
         queue per problem; `pending`: queued experiments per hypothesis id.
         """
         room = dict(room)
+        self._step_spread = None  # computed once per step, on the first judgement
         judgements, learnings = self._judge_all(observations, room, pending, final)
         proposed: list[Hypothesis] = []
         if not final:
@@ -223,7 +229,9 @@ class HypothesisLab:
 
     def _judge_one(self, h: Hypothesis, observations: Sequence[Observation], room: Mapping[Problem, int],
                    pending: Mapping[str, int], *, final: bool) -> tuple[list[Judgement], list[Learning]]:
-        verdict, evidence = judge(h, observations, final=final, spread=self._spread(observations))
+        if self._step_spread is None:
+            self._step_spread = self._spread(observations)
+        verdict, evidence = judge(h, observations, final=final, spread=self._step_spread)
         previous = self.states[h.id]
         if verdict.state is HypothesisState.TESTING:
             if not pending.get(h.id) and room_in_scope(h, room) == 0 and previous is HypothesisState.TESTING:
