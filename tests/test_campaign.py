@@ -62,6 +62,8 @@ def test_proposer_defaults_to_optuna():
         (("budget = 40", "budget = true"), "campaign.budget=True is not"),
         (("seed = 0", "seed = 1.5"), "campaign.seed=1.5 is not an integer"),
         (("seed = 0", "seed = -1"), "campaign.seed=-1 is not an integer from 0 to 4294967295"),
+        (("seed = 0", "seed = 0\nhypothesis_share = 0.9"), "campaign.hypothesis_share=0.9 is not the share"),
+        (("seed = 0", 'seed = 0\nhypothesis_share = "a lot"'), "campaign.hypothesis_share='a lot' is not"),
         (('name = "llama-mlp"', 'name = "a b;drop"'), "campaign.name='a b;drop' is not"),
         (('name = "llama-mlp"\n', ""), "missing campaign.name"),
         (("seed = 0", "seed = 0\nbudgett = 3"), "unknown key campaign.budgett (allowed: name, kernel"),

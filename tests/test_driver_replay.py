@@ -131,3 +131,17 @@ def test_grid_fixture_matches_declared_size():
     for v in GRID.values():
         n *= len(v)
     assert n == GRID_SIZE
+
+
+@pytest.mark.parametrize(("share", "tested"), [("0", 0), ("0.25", 4)])
+def test_hypothesis_share_sets_the_experiments_held_back_for_hypotheses(tmp_path, dataset, share, tested):
+    campaign = write_campaign(tmp_path / "c.toml", proposer="random", budget=16,
+                              extra=f"hypothesis_share = {share}\n")
+    out = tune(_opts(tmp_path, dataset, campaign))
+    store = Store(tmp_path / "t.db")
+    results = store.campaign_results(out.campaign_id)
+    store.close()
+    by_hypotheses = [t for t, _ in results if t.proposer == "hypotheses"]
+    assert len(results) == 16 * len(PROBLEMS)  # the budget is spent in full either way
+    assert len(by_hypotheses) <= tested * len(PROBLEMS)
+    assert (len(by_hypotheses) > 0) == (tested > 0)

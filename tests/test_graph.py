@@ -27,7 +27,8 @@ from tilepilot.storage.graph import EDGE_KINDS, NODE_KINDS
 def db_path(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("graph")
     dataset = fx.write_dataset(tmp / "matmul-synthetic.jsonl")
-    tune(TuneOptions(campaign=write_campaign(tmp / "c.toml", name="g", proposer="random", budget=24),
+    tune(TuneOptions(campaign=write_campaign(tmp / "c.toml", name="g", proposer="random", budget=24,
+                                             extra="hypothesis_share = 0.25\n"),
                      backend="replay", dataset=dataset, db=tmp / "t.db"))
     return tmp / "t.db"
 

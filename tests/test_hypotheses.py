@@ -41,6 +41,7 @@ from tilepilot.experiments import (
 from tilepilot.orchestrator.tune import TuneOptions, tune
 from tilepilot.storage import Store, ledger, open_db
 
+SHARE = "hypothesis_share = 0.25\n"  # a quarter of each small budget tests hypotheses
 ENV = Environment("replay", fx.DEVICE, "0.0", "0.0")
 PROBLEMS = [Problem.of(p) for p in fx.PROBLEMS]
 SPACE = SearchSpace(tuple(Param(k, v) for k, v in fx.GRID.items()))
@@ -431,7 +432,7 @@ def test_a_version_1_database_migrates_to_the_ledger_schema(tmp_path):
 
 def test_replay_campaign_fills_the_ledger_within_its_budget(tmp_path):
     dataset = fx.write_dataset(tmp_path / "matmul-synthetic.jsonl")
-    out = tune(TuneOptions(campaign=write_campaign(tmp_path / "c.toml", proposer="random", budget=8),
+    out = tune(TuneOptions(campaign=write_campaign(tmp_path / "c.toml", proposer="random", budget=8, extra=SHARE),
                            backend="replay", dataset=dataset, db=tmp_path / "t.db"))
     with Store.open_readonly(tmp_path / "t.db") as s:
         results = s.campaign_results(out.campaign_id)
@@ -459,7 +460,7 @@ def test_replay_campaign_fills_the_ledger_within_its_budget(tmp_path):
 
 def test_resumed_campaign_keeps_its_hypotheses(tmp_path):
     dataset = fx.write_dataset(tmp_path / "matmul-synthetic.jsonl")
-    campaign = write_campaign(tmp_path / "c.toml", proposer="random", budget=12)
+    campaign = write_campaign(tmp_path / "c.toml", proposer="random", budget=12, extra=SHARE)
 
     def stop(p):
         if p.done >= 40:

@@ -25,6 +25,7 @@ CAMPAIGN_KEYS = {
     "budget": "distinct configs to measure per problem (1 to 100000)",
     "seed": "an integer from 0 to 4294967295",
     "description": "free text",
+    "hypothesis_share": "the share of each problem's budget for experiments that test hypotheses (0 to 0.5)",
 }
 TOP_KEYS = ("campaign", "problems", "space", "configs")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -45,6 +46,7 @@ class Campaign:
     space: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     # [[configs]]: configs to measure first (e.g. the one in production today), as given
     configs: tuple[tuple[tuple[str, Any], ...], ...] = ()
+    hypothesis_share: float = 0.1  # of each problem's budget, for hypothesis experiments
 
     def with_problems(self, problems: Sequence[Problem]) -> Campaign:
         return replace(self, problems=tuple(problems))
@@ -133,9 +135,14 @@ def parse_campaign(
         if problem in problems:
             raise CampaignError(f"{origin}: problem {i} ({problem.label()}) is listed twice")
         problems.append(problem)
+    share = head.get("hypothesis_share", 0.1)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 0.5:
+        raise CampaignError(f"{origin}: campaign.hypothesis_share={share!r} is not "
+                            f"{CAMPAIGN_KEYS['hypothesis_share']}")
     space = _space(data.get("space", {}), origin)
     configs = _configs(data.get("configs", []), origin)
-    return Campaign(name, kernel, proposer, budget, seed, tuple(problems), description, text, space, configs)
+    return Campaign(name, kernel, proposer, budget, seed, tuple(problems), description, text, space, configs,
+                    float(share))
 
 
 def _space(raw: Any, origin: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:

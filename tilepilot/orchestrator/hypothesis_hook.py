@@ -1,9 +1,10 @@
 """The campaign driver's hypothesis ledger: after results are stored, judge and mine, store
 what the lab decided, and queue the experiments that settle the open hypotheses.
 
-A share of each problem's budget (`RESERVE_SHARE`) is held back from the proposer for those
-experiments; it goes back to the proposers once the lab has nothing more to ask, so the budget
-is always spent in full. Events: `hypothesis` for each new hypothesis, `verdict`
+A share of each problem's budget (the campaign's `hypothesis_share`, 10% unless the file says
+otherwise; 0 turns the experiments off) is held back from the proposer for those experiments;
+it goes back to the proposers once the lab has nothing more to ask, so the budget is always
+spent in full. Events: `hypothesis` for each new hypothesis, `verdict`
 for each one validated, ruled out or found inconclusive.
 """
 
@@ -21,11 +22,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-RESERVE_SHARE = 0.25  # of each problem's budget, for experiments that test hypotheses
 
 
-def reserve(budget: int) -> int:
-    return int(budget * RESERVE_SHARE)
+def reserve(budget: int, share: float) -> int:
+    """Experiments of each problem's budget held back for testing hypotheses."""
+    return int(budget * share)
 
 
 class HypothesisHook:
@@ -50,7 +51,7 @@ class HypothesisHook:
                            if c.hypothesis_id)
         used = Counter(p.key() for p, _ in self._tests)
         for p, run in driver.runs.items():
-            run.reserved = max(0, reserve(driver.campaign.budget) - used[p.key()])
+            run.reserved = max(0, reserve(driver.campaign.budget, driver.campaign.hypothesis_share) - used[p.key()])
         self._keys: dict[tuple[Problem, Config], str] = {}
         self._results = -1
         self._asked: set[Problem] = set()
