@@ -7,6 +7,14 @@ from collections.abc import Iterator
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _no_model_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reaches the Anthropic API by accident: a key in the developer's environment is hidden
+    (tests of the `llm` proposer pass their own key and a mock transport)."""
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("TILEPILOT_LLM_MODEL", raising=False)
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """One local Ray for the whole test session (3 s to start: LIBRARIES.md), 2 CPUs.

@@ -11,7 +11,13 @@ Contract, for every implementation:
   space's constraints, records `invalid` and passes that result to `observe` (free of budget).
 - `observe` receives every result for the problem, including those of configs that other
   proposers chose or that were already in the store. It must accept each result once.
-- Deterministic for a given seed and sequence of calls.
+- Deterministic for a given seed and sequence of calls (except `llm`: a model's reply is not).
+- Proposers never write to the store. What they have to record beyond their candidates (calls
+  to a model, hypotheses they state, notes for the event log) they hand over through
+  `drain_records`, which the driver calls after each `propose` and once after `close`, and
+  stores.
+- `unavailable()` says, before any instance is built, why the proposer cannot run here (e.g. no
+  API key); the registry refuses to hand out such a proposer.
 """
 
 from __future__ import annotations
@@ -19,9 +25,22 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-from tilepilot.experiments import Candidate, Config, Problem, Result, SearchSpace
+from tilepilot.experiments import Candidate, Config, Hypothesis, Problem, Result, SearchSpace
+from tilepilot.experiments.llm_call import LlmCall
+
+if TYPE_CHECKING:
+    from tilepilot.storage.ledger import HypothesisRow, LearningRow
+
+
+class LedgerReader(Protocol):
+    """Read-only access to the hypothesis ledger (what the driver lets proposers consult)."""
+
+    def hypotheses(self, *, kernel: str | None = None, device: str | None = None,
+                   campaign_id: int | None = None) -> list[HypothesisRow]: ...
+
+    def learnings(self, *, kernel: str | None = None, device: str | None = None) -> list[LearningRow]: ...
 
 
 @dataclass(frozen=True)
@@ -31,6 +50,24 @@ class ProposerContext:
     space: SearchSpace  # for replay: restricted to the recorded configs
     seed: int
     budget: int  # distinct configs that will be measured for this problem
+    device: str = ""  # the device the results come from ("" where unknown)
+    ledger: LedgerReader | None = None  # hypotheses and learnings so far (None: none to consult)
+
+
+@dataclass(frozen=True)
+class ProposerRecords:
+    """What a proposer hands the driver to store (see `Proposer.drain_records`)."""
+
+    llm_calls: tuple[LlmCall, ...] = ()
+    hypotheses: tuple[Hypothesis, ...] = ()  # statements it wants tested; the lab decides which it takes
+    notes: tuple[str, ...] = ()  # one-line messages for the event log
+
+    def __bool__(self) -> bool:
+        return bool(self.llm_calls or self.hypotheses or self.notes)
+
+    def __add__(self, other: ProposerRecords) -> ProposerRecords:
+        return ProposerRecords(self.llm_calls + other.llm_calls, self.hypotheses + other.hypotheses,
+                               self.notes + other.notes)
 
 
 @dataclass
@@ -64,6 +101,15 @@ class Proposer(ABC):
 
     def close(self) -> None:  # noqa: B027 - a no-op hook
         """Release resources (threads, studies). Called once when the campaign ends."""
+
+    def drain_records(self) -> ProposerRecords:
+        """What the proposer recorded since the last call, handed over once. The default: nothing."""
+        return ProposerRecords()
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why this proposer cannot run here (one line), or None when it can."""
+        return None
 
 
 ProposerFactory = type[Proposer]

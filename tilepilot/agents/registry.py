@@ -13,6 +13,7 @@ from tilepilot.experiments import InputError
 
 PROPOSERS: Registry = {
     "grid": "tilepilot.agents.grid:GridProposer",
+    "llm": "tilepilot.agents.llm:LlmProposer",
     "optuna": "tilepilot.agents.optuna:OptunaProposer",
     "portfolio": "tilepilot.agents.portfolio:PortfolioProposer",
     "random": "tilepilot.agents.random:RandomProposer",
@@ -28,7 +29,24 @@ def proposer_names() -> list[str]:
 
 
 def get_proposer(name: str) -> type[Proposer]:
-    """The proposer class registered under `name`. Raises InputError for an unknown name."""
+    """The proposer class registered under `name`.
+
+    Raises InputError for an unknown name, or for a proposer that cannot run here (its
+    `unavailable()` reason, e.g. `llm` without ANTHROPIC_API_KEY).
+    """
+    cls = _load(name)
+    reason = cls.unavailable()
+    if reason:
+        raise InputError(reason)
+    return cls
+
+
+def unavailable(name: str) -> str | None:
+    """Why the proposer `name` cannot run here, or None. Raises InputError for an unknown name."""
+    return _load(name).unavailable()
+
+
+def _load(name: str) -> type[Proposer]:
     target = PROPOSERS.get(name)
     if target is None:
         raise InputError(f"unknown proposer {name!r} (known proposers: {', '.join(proposer_names())})")

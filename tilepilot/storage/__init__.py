@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from tilepilot.storage.ledger import EvidenceRow, HypothesisRow, LearningRow, VerdictRow
+from tilepilot.storage.llm_calls import LlmCallRow, LlmUsage
 from tilepilot.storage.queries import ReadOnlyDB, open_db
 from tilepilot.storage.rows import CampaignRow, QueueRow, TrialRow, WinnerRow
 from tilepilot.storage.schema import CAMPAIGN_STATES, QUEUE_STATES, SCHEMA_VERSION
@@ -26,6 +27,7 @@ from tilepilot.storage.views import (
 __all__ = [
     "CAMPAIGN_STATES", "QUEUE_STATES", "SCHEMA_VERSION", "BestRow", "CampaignRow", "CampaignSummary",
     "ConvergencePoint", "EventRow", "EvidenceRow", "GpuSampleRow", "HistoryRow", "HypothesisRow", "LearningRow",
+    "LlmCallRow", "LlmUsage",
     "ProblemProgress", "QueueDone", "QueueRow", "QueueView", "ReadOnlyDB", "Store", "TrialRow", "VerdictRow",
     "WinnerRow", "open_db",
 ]

@@ -25,7 +25,7 @@ from tilepilot.experiments import InputError
 log = logging.getLogger(__name__)
 
 TABLES = ("campaigns", "experiments", "results", "trials", "queue", "events", "gpu_samples", "winners",
-          "hypotheses", "verdicts", "evidence", "learnings")
+          "hypotheses", "verdicts", "evidence", "learnings", "llm_calls")
 CAMPAIGN_STATES = ("running", "finished", "interrupted", "failed")
 QUEUE_STATES = ("queued", "compiling", "running", "done", "dropped")
 
@@ -271,6 +271,37 @@ CREATE INDEX trials_hypothesis ON trials(hypothesis_id);
 """
 
 
+# One row per request the `llm` proposer made: the model, the token counts and the cost from the
+# response's usage (cost NULL for a model without a known price, or a failed call), why it stopped,
+# the API's request id, the error ('' if none), and what came of the reply: proposals accepted and
+# rejected, the reasons (JSON list of one-line texts), the model's learnings (JSON list, unverified
+# text). Never the API key, the prompt or the raw reply.
+_V3 = """
+CREATE TABLE llm_calls (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+    problem_key TEXT NOT NULL,
+    model TEXT NOT NULL,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    cache_read_tokens INTEGER,
+    cache_creation_tokens INTEGER,
+    cost_usd REAL,
+    stop_reason TEXT,
+    request_id TEXT,
+    error TEXT NOT NULL DEFAULT '',
+    duration_ms REAL,
+    proposals_accepted INTEGER NOT NULL DEFAULT 0,
+    proposals_rejected INTEGER NOT NULL DEFAULT 0,
+    hypotheses_stated INTEGER NOT NULL DEFAULT 0,
+    rejected_reasons TEXT NOT NULL DEFAULT '[]',
+    learnings TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX llm_calls_campaign ON llm_calls(campaign_id, id);
+"""
+
+
 def _v0_to_v1(db: sqlite_utils.Database) -> None:
     db.executescript(_V1)
 
@@ -279,8 +310,12 @@ def _v1_to_v2(db: sqlite_utils.Database) -> None:
     db.executescript(_V2)
 
 
+def _v2_to_v3(db: sqlite_utils.Database) -> None:
+    db.executescript(_V3)
+
+
 # MIGRATIONS[i] takes the schema from version i to i + 1.
-MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2)
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2, _v2_to_v3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

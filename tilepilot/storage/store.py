@@ -30,6 +30,7 @@ from tilepilot.experiments.hypothesis import (
     Learning,
     Verdict,
 )
+from tilepilot.experiments.llm_call import LlmCall
 from tilepilot.storage.ledger import (
     HypothesisRow,
     LearningRow,
@@ -38,6 +39,7 @@ from tilepilot.storage.ledger import (
     select_learnings,
     verdict_columns,
 )
+from tilepilot.storage.llm_calls import LlmCallRow, llm_call_columns, select_llm_calls
 from tilepilot.storage.rows import (
     RESULT_FIELDS,
     RESULT_JOIN,
@@ -63,7 +65,8 @@ _WINNER_COLUMNS = tuple(f.name for f in fields(WinnerRow))
 
 class Store:
     """The SQLite store of campaigns, experiments, results, trials, the queue, events, GPU
-    samples, winners and the hypothesis ledger (hypotheses, verdicts, evidence, learnings).
+    samples, winners, the hypothesis ledger (hypotheses, verdicts, evidence, learnings) and the
+    calls of the `llm` proposer.
     One writer per database: the campaign driver.
 
     Contract:
@@ -462,6 +465,19 @@ class Store:
 
     def learnings(self, *, kernel: str | None = None, device: str | None = None) -> list[LearningRow]:
         return select_learnings(self._rows, kernel=kernel, device=device)
+
+    # -- calls to a language model ---------------------------------------------------------------
+
+    def add_llm_call(self, campaign_id: int, call: LlmCall) -> int:
+        """Record one call of the `llm` proposer; returns the row id."""
+        with self.transaction():
+            cur = self._insert("llm_calls", llm_call_columns(campaign_id, call))
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def llm_calls(self, campaign_id: int | None = None) -> list[LlmCallRow]:
+        """Calls of one campaign (or all), newest first."""
+        return select_llm_calls(self._rows, campaign_id=campaign_id)
 
 def _check(value: str, allowed: Sequence[str], what: str) -> None:
     if value not in allowed:
