@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--port", type=int, default=8501)
     d.set_defaults(func=cmd_dashboard)
     _graph_parser(sub)
+    _export_parser(sub)
+    _merge_parser(sub)
     return p
 
 
@@ -455,3 +457,90 @@ def _graph_learnings(db: Any, args: argparse.Namespace) -> tuple[dict[str, Any],
     cols = ["id", "scope_text", "claim", "effect", "pairs", "device"]
     return {"problem": problem, "learnings": docs, "tables": [(head, docs, cols)]}, g
 
+
+# ---- export -------------------------------------------------------------------------------
+def _export_parser(sub: Any) -> None:
+    e = sub.add_parser("export", help="write the declared winners as vLLM config files, a Triton module or JSON",
+                       description="Export the declared winners (one per kernel, device and problem; the latest "
+                       "decision when several campaigns tuned a problem). --format vllm: JSON keyed by the token "
+                       "count M, one file per kernel, device and remaining dims, named the way vLLM looks them "
+                       "up (-o is a folder, e.g. the one VLLM_TUNED_CONFIG_FOLDER names); triton: a Python module "
+                       "with triton.Config lists and a pick() heuristic for @triton.autotune; json: winners with "
+                       "their margin over the runner-up, noise, tie flag, device, versions and evidence ids.")
+    _db_arg(e)
+    e.add_argument("--format", required=True, metavar="FORMAT", help="vllm | triton | json")
+    e.add_argument("--campaign", help="only this campaign's winners")
+    e.add_argument("--kernel", help="only this kernel family")
+    e.add_argument("--device", help="only devices whose name contains this (case-insensitive), e.g. H100")
+    e.add_argument("--problem", action="append", default=[], metavar="KEY=VALUE",
+                   help="only problems with this value, e.g. --problem dtype=bf16 (repeatable)")
+    e.add_argument("-o", "--output", type=Path, metavar="PATH",
+                   help="file to write (json, triton) or folder (vllm); default: standard output")
+    e.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tilepilot.storage.export import export
+    from tilepilot.storage.queries import open_db
+
+    problem = _problem_filter(args.problem) or None
+    with open_db(args.db) as db:
+        files = export(db, args.format, campaign=args.campaign, kernel=args.kernel, device=args.device,
+                       problem=problem)
+    if args.output is None:
+        if len(files) > 1:
+            raise InputError(f"--format {args.format} gives {len(files)} files ({', '.join(f.name for f in files)}): "
+                             "pass -o FOLDER to write them")
+        if files[0].name:
+            print(f"(vLLM file name: {files[0].name})", file=sys.stderr)
+        sys.stdout.write(files[0].text)
+        return 0
+    written = _write_files(args.output, files, folder=args.format == "vllm")
+    print(f"wrote {len(written)} file(s): {', '.join(str(w) for w in written)}", file=sys.stderr)
+    return 0
+
+
+def _write_files(out: Path, files: Sequence[Any], *, folder: bool) -> list[Path]:
+    """Write the export; a path the user gave that cannot be written is one line (exit 2)."""
+    if not out.parent.is_dir():
+        raise InputError(f"-o {str(out)!r}: folder {str(out.parent)!r} does not exist")
+    if folder and out.exists() and not out.is_dir():
+        raise InputError(f"-o {str(out)!r} is a file; --format vllm writes a folder of files")
+    if not folder and out.is_dir():
+        raise InputError(f"-o {str(out)!r} is a folder; give a file name")
+    paths = [out / f.name for f in files] if folder else [out]
+    try:
+        if folder:
+            out.mkdir(exist_ok=True)
+        for path, f in zip(paths, files, strict=True):
+            path.write_text(f.text)
+    except OSError as e:
+        raise InputError(f"cannot write {str(out)!r}: {e.strerror or e}") from None
+    return paths
+
+
+# ---- merge --------------------------------------------------------------------------------
+def _merge_parser(sub: Any) -> None:
+    m = sub.add_parser("merge", help="fold another machine's store into this one",
+                       description="Copy everything of OTHER.db that this store lacks: experiments deduplicated "
+                       "by key, campaigns with their trials, queue, winners, events, GPU samples and hypothesis "
+                       "ledger. A campaign whose name is taken here by a different campaign is renamed NAME@OTHER. "
+                       "Each merge is logged as a merged_from event; merging the same file again changes nothing.")
+    m.add_argument("other", type=Path, metavar="OTHER.db", help="the store to fold in (read only)")
+    _db_arg(m)
+    m.set_defaults(func=cmd_merge)
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from tilepilot.storage.merge import describe, merge_file
+
+    report = merge_file(args.db, args.other)
+    print(f"{args.other} -> {args.db}: {describe(report)}")
+    for old, new in report.renamed.items():
+        print(f"  campaign {old!r} of {args.other} is named {new!r} here: a different campaign had its name")
+    if report.hypotheses_renamed:
+        pairs = ", ".join(f"{a} -> {b}" for a, b in report.hypotheses_renamed.items())
+        print(f"  hypothesis ids taken here by another campaign, renamed: {pairs}")
+    if report.results_kept and report.changed:
+        print(f"  {report.results_kept} experiment(s) were measured in both stores: this store's results are kept")
+    return 0
