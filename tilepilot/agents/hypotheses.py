@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tilepilot.agents.miner import MAX_ACTIVE, HypothesisMiner, LedgerEntry, room_in_scope
+from tilepilot.agents.miner import MAX_ACTIVE, HypothesisMiner, LedgerEntry, _blocked, _same, room_in_scope
 from tilepilot.agents.pairs import Observation, Pair, find_pairs
 from tilepilot.experiments import Candidate, Config, Environment, Problem, SearchSpace
 from tilepilot.experiments.hypothesis import (
@@ -216,6 +216,33 @@ class HypothesisLab:
                 learnings.extend(learned)
         candidates = [] if final else self._experiments(seen, room, pending, judgements)
         return Step(tuple(proposed), tuple(judgements), tuple(learnings), tuple(candidates))
+
+    def adopt(self, hypotheses: Sequence[Hypothesis], *, room: Mapping[Problem, int]) -> list[tuple[Hypothesis, str]]:
+        """Take hypotheses stated outside the lab (by a proposer: the `llm`) under the rules its own
+        follow: a parameter and values this campaign searches, not a question the ledger asks already
+        of overlapping problems, fewer than MAX_ACTIVE under test, room in scope for a pair. Each is
+        restated with this campaign's origin (so the same claim gets the same id whoever states it).
+        Returns each with "" when taken (then judged and tested like a mined one), else the reason."""
+        out: list[tuple[Hypothesis, str]] = []
+        for given in hypotheses:
+            m = self.miner
+            h = Hypothesis.new(origin=m.origin, kernel=m.kernel, device=m.device, param=given.param, a=given.a,
+                               b=given.b, scope=given.scope, rationale=given.rationale, source=given.source)
+            entries = self.known + [LedgerEntry(g, self.states[g.id], here=True) for g in self.hypotheses.values()]
+            values = m.choices.get(h.param, ())
+            if not all(any(_same(x, v) for v in values) for x in (h.a, h.b)):
+                why = f"{h.param}={h.a} or {h.param}={h.b} is not searched in this campaign"
+            elif _blocked(h, entries):
+                why = "the ledger asks this question of overlapping problems already"
+            elif len(self.active) >= MAX_ACTIVE:
+                why = f"{MAX_ACTIVE} hypotheses are under test already"
+            elif room_in_scope(h, room) < 2:
+                why = "no budget left in its scope for a pair"
+            else:
+                self.hypotheses[h.id], self.states[h.id] = h, HypothesisState.PROPOSED
+                why = ""
+            out.append((h, why))
+        return out
 
     def _judge_all(self, observations: Sequence[Observation], room: Mapping[Problem, int],
                    pending: Mapping[str, int], final: bool) -> tuple[list[Judgement], list[Learning]]:

@@ -1,6 +1,9 @@
 """`portfolio`: each round's slots split among member proposers by the improvement each delivered.
 
-Members (default: rules, optuna, random) are full proposers of the same problem. Every result
+Members (default: rules, optuna, random, and llm when it can run here, i.e. with an API key;
+without one the portfolio runs without it and says so once in the event log) are full proposers
+of the same problem. The llm member calls the model in the background, so a round never waits
+for it: until its reply is in, it has nothing to offer and the other members take its slots. Every result
 goes to every member's `observe`, whoever proposed it, so Optuna learns from the rules'
 configs and the rules' model from Optuna's.
 
@@ -23,8 +26,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tilepilot.agents.base import Proposer, ProposerContext, SearchState
-from tilepilot.agents.registry import get_proposer
+from tilepilot.agents.base import Proposer, ProposerContext, ProposerRecords, SearchState
+from tilepilot.agents.registry import get_proposer, unavailable
 from tilepilot.experiments import Candidate, Config, InputError, Result, Status
 
 DEFAULT_MEMBERS = ("rules", "optuna", "random")
@@ -51,7 +54,7 @@ class Member:
 
 @dataclass
 class PortfolioSettings:
-    members: tuple[str, ...] = DEFAULT_MEMBERS
+    members: tuple[str, ...] | None = None  # None: DEFAULT_MEMBERS, and llm when it can run here
     floor: float = 0.1  # least share of all slots each member receives
     explore: float = 0.3  # weight of the UCB exploration term
     priors: dict[str, float] = field(default_factory=lambda: dict(PRIOR_IMPROVEMENTS))
@@ -66,7 +69,9 @@ class PortfolioProposer(Proposer):
     def __init__(self, ctx: ProposerContext, settings: PortfolioSettings | None = None) -> None:
         super().__init__(ctx)
         self.settings = settings or PortfolioSettings()
-        names = self.settings.members
+        self._builders = dict(self.settings.builders)
+        self._notes: list[str] = []
+        names = self.settings.members if self.settings.members is not None else self._default_members()
         if not names or len(set(names)) != len(names) or self.name in names:
             raise InputError(f"portfolio members {names!r} must be distinct proposers other than 'portfolio'")
         self.members = [Member(n, self._build(n, ctx), self.settings.priors.get(n, DEFAULT_PRIOR)) for n in names]
@@ -74,8 +79,16 @@ class PortfolioProposer(Proposer):
         self._seen_results: dict[Config, Result] = {}
         self._best_ms: float | None = None
 
+    def _default_members(self) -> tuple[str, ...]:
+        reason = unavailable("llm")
+        if reason:
+            self._notes.append(f"portfolio runs without llm: {reason}")
+            return DEFAULT_MEMBERS
+        self._builders.setdefault("llm", _llm_in_background)
+        return (*DEFAULT_MEMBERS, "llm")
+
     def _build(self, name: str, ctx: ProposerContext) -> Proposer:
-        builder = self.settings.builders.get(name)
+        builder = self._builders.get(name)
         proposer = builder(ctx) if builder else get_proposer(name)(ctx)
         if proposer.name != name:
             raise TypeError(f"the builder of member {name!r} made a proposer named {proposer.name!r}")
@@ -119,6 +132,13 @@ class PortfolioProposer(Proposer):
         for m in self.members:
             m.proposer.close()
 
+    def drain_records(self) -> ProposerRecords:
+        out = ProposerRecords(notes=tuple(self._notes))
+        self._notes = []
+        for m in self.members:
+            out += m.proposer.drain_records()
+        return out
+
     # ---- allocation ----------------------------------------------------------------
     def _next_member(self, idle: set[str]) -> Member:
         live = [m for m in self.members if m.name not in idle]
@@ -158,3 +178,9 @@ class PortfolioProposer(Proposer):
         fresh = [r for c, r in state.results.items() if self._seen_results.get(c) != r]
         if fresh:
             self.observe(fresh)
+
+
+def _llm_in_background(ctx: ProposerContext) -> Proposer:
+    from tilepilot.agents.llm import LlmProposer, LlmSettings
+
+    return LlmProposer(ctx, LlmSettings(wait=False))

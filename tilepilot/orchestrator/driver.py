@@ -30,6 +30,7 @@ from tilepilot.experiments import (
 from tilepilot.kernels.base import KernelFamily
 from tilepilot.orchestrator.executor import Batch, Executor
 from tilepilot.orchestrator.hypothesis_hook import HypothesisHook
+from tilepilot.storage.ledger import HypothesisRow, LearningRow
 from tilepilot.storage.store import Store, WinnerRow
 
 log = logging.getLogger(__name__)
@@ -85,13 +86,16 @@ class Driver:
         self.first = first
         proposer_cls = get_proposer(campaign.proposer)
         self.runs: dict[Problem, ProblemRun] = {}
+        ledger = LedgerView(store)
         for problem in campaign.problems:
             ctx = ProposerContext(kernel=campaign.kernel, problem=problem, space=spaces[problem],
-                                  seed=campaign.seed, budget=campaign.budget)
+                                  seed=campaign.seed, budget=campaign.budget,
+                                  device=executor.environment.device, ledger=ledger)
             self.runs[problem] = ProblemRun(problem, spaces[problem], proposer_cls(ctx))
         self.candidates: dict[int, Candidate] = {}  # queue id -> candidate, for queued/running rows
         self._next_batch = 0
         self._last_sample = 0.0
+        self._notes: set[str] = set()  # proposer notes logged already (each once per campaign)
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> list[WinnerRow]:
@@ -114,6 +118,7 @@ class Driver:
         winners = [w for w in (self._declare(run) for run in self.runs.values()) if w]
         for run in self.runs.values():
             run.proposer.close()
+            self._drain(run, adopt=False)
         self.store.set_campaign_state(self.campaign_id, "finished")
         self.store.log_event("campaign_finished", f"campaign {self.campaign.name} finished: "
                              f"{self._done()} trials", campaign_id=self.campaign_id)
@@ -165,6 +170,7 @@ class Driver:
             if run.exhausted or want <= 0:
                 continue
             proposals = run.proposer.propose(run.state, want)
+            self._drain(run)
             if not proposals:
                 run.exhausted = True
                 self.store.log_event("exhausted", f"{run.proposer.name} has nothing more to propose "
@@ -174,6 +180,31 @@ class Driver:
                 if cand.config in run.state.seen:
                     raise RuntimeError(f"{run.proposer.name} proposed a config it had seen: {cand.config}")
             self._admit(run, proposals)
+
+    def _drain(self, run: ProblemRun, *, adopt: bool = True) -> None:
+        """Store what the proposer recorded: its calls to a model (table `llm_calls`, event `llm_call`),
+        its notes (event `proposer`, each once) and, while the campaign runs, the hypotheses it stated
+        (the lab takes those its rules allow)."""
+        records = run.proposer.drain_records()
+        if not records:
+            return
+        cid = self.campaign_id
+        with self.store.transaction():
+            for call in records.llm_calls:
+                self.store.add_llm_call(cid, call)
+                self.store.log_event("llm_call", f"{call.model} for {run.problem.label()}: {call.summary()}",
+                                     campaign_id=cid, data={
+                                         "model": call.model, "input_tokens": call.input_tokens,
+                                         "output_tokens": call.output_tokens, "cost_usd": call.cost_usd,
+                                         "error": call.error, "accepted": call.proposals_accepted,
+                                         "rejected": call.proposals_rejected})
+            for note in records.notes:
+                if note not in self._notes:
+                    self._notes.add(note)
+                    log.info("%s", note)
+                    self.store.log_event("proposer", note, campaign_id=cid)
+        if adopt and records.hypotheses:
+            self.hypotheses.adopt(records.hypotheses)
 
     def _admit(self, run: ProblemRun, proposals: list[Candidate]) -> None:
         """Settle what needs no GPU; queue the rest in proposal order."""
@@ -324,6 +355,20 @@ class Driver:
                              f"{winner.timing.median_ms:.4f} ms{tie}", campaign_id=self.campaign_id,
                              data={"experiment": row.experiment_key})
         return row
+
+
+class LedgerView:
+    """The store's ledger reads and nothing else: what proposers may consult (agents never write)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def hypotheses(self, *, kernel: str | None = None, device: str | None = None,
+                   campaign_id: int | None = None) -> list[HypothesisRow]:
+        return self._store.hypotheses(kernel=kernel, device=device, campaign_id=campaign_id)
+
+    def learnings(self, *, kernel: str | None = None, device: str | None = None) -> list[LearningRow]:
+        return self._store.learnings(kernel=kernel, device=device)
 
 
 def _describe(cand: Candidate, result: Result, reused: bool) -> str:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tilepilot.agents.hypotheses import HypothesisLab, LedgerEntry, Observation, Step
-from tilepilot.experiments import Candidate, Config, Problem
+from tilepilot.experiments import Candidate, Config, Hypothesis, Problem
 
 if TYPE_CHECKING:
     from tilepilot.orchestrator.driver import Driver
@@ -66,12 +67,31 @@ class HypothesisHook:
     def finish(self) -> None:
         self._step(final=True)
 
+    def adopt(self, hypotheses: Sequence[Hypothesis]) -> None:
+        """Hypotheses a proposer stated (the `llm`): those the lab takes are stored and tested like its
+        own (event `hypothesis`); the others are logged with the reason (event `hypothesis_declined`)."""
+        store, cid = self.d.store, self.d.campaign_id
+        with store.transaction():
+            for h, why in self.lab.adopt(hypotheses, room=self._room()):
+                if why:
+                    store.log_event("hypothesis_declined", f"{h.text} (from {h.source}): {why}", campaign_id=cid,
+                                    data={"text": h.text, "source": h.source, "reason": why})
+                    continue
+                store.add_hypothesis(cid, h)
+                store.log_event("hypothesis", f"{h.id}: {h.text} ({h.rationale})", campaign_id=cid,
+                                data={"hypothesis": h.id, "text": h.text, "rationale": h.rationale,
+                                      "source": h.source})
+
     # ---- internals ----------------------------------------------------------------------------
-    def _step(self, *, final: bool) -> None:
+    def _room(self) -> dict[Problem, int]:
         d = self.d
-        room = {p: 0 if run.exhausted else max(0, min(run.reserved, d.campaign.budget - run.counted
+        return {p: 0 if run.exhausted else max(0, min(run.reserved, d.campaign.budget - run.counted
                                                       - len(run.state.pending)))
                 for p, run in d.runs.items()}
+
+    def _step(self, *, final: bool) -> None:
+        d = self.d
+        room = self._room()
         pending = Counter(c.hypothesis_id for c in d.candidates.values() if c.hypothesis_id)
         step = self.lab.step(self._observations(), seen={p: run.state.seen for p, run in d.runs.items()},
                              room=room, pending=pending, final=final)

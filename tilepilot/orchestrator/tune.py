@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tilepilot.agents.registry import DEFAULT_PROPOSER, proposer_names
+from tilepilot.agents.registry import DEFAULT_PROPOSER, get_proposer, proposer_names
 from tilepilot.experiments import (
     BackendUnavailable,
     Campaign,
@@ -80,6 +80,7 @@ def plan(opts: TuneOptions) -> Plan:
             raise InputError(f"unknown proposer {opts.proposer!r} (known proposers: "
                              f"{', '.join(proposer_names())})")
         campaign = replace(campaign, proposer=opts.proposer)
+    get_proposer(campaign.proposer)  # one that cannot run here (llm without a key) fails now, before any work
     family = get_family(campaign.kernel)
     first = _first_configs(family, campaign, opts.campaign)
     backend = resolve_backend(opts.backend, opts.address, opts.dataset)
