@@ -309,3 +309,234 @@ def test_live_parts_refresh_fast_while_a_campaign_runs_and_slowly_otherwise():
     assert live.interval(live=True, running=True) == live.REFRESH == "2s"
     assert live.interval(live=True, running=False) == live.IDLE_REFRESH
     assert live.interval(live=False, running=True) is None
+
+
+# -- Hypotheses ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def ledger_db(tmp_path: Path) -> tuple[Path, fx.Ledger]:
+    path = tmp_path / "ledger.db"
+    ledger = fx.build_ledger(path)
+    ledger.live.store.close()
+    return path, ledger
+
+
+def test_hypotheses_page_groups_every_state_with_effect_ci_noise_and_reason(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "hypotheses")
+    assert metrics(at)["Active"] == "2" and metrics(at)["Validated"] == "1"
+    assert metrics(at)["Ruled out"] == "1" and metrics(at)["Inconclusive"] == "1"
+    assert [s.value for s in at.subheader][:4] == ["Active (2)", "Validated (1)", "Ruled out (1)", "Inconclusive (1)"]
+    active, validated, ruled_out, inconclusive = frames(at)[:4]
+    assert list(active["state"]) == ["testing", "proposed"]
+    assert active["statement"][1] == f"GROUP_SIZE_M=16 beats GROUP_SIZE_M=8 {fx.HOSTILE}"
+    row = validated.iloc[0]
+    assert row["id"] == ledger.hypotheses["validated"].id
+    assert row["statement"] == "num_stages=4 beats num_stages=3 when K ≥ 4096"
+    assert row["scope"] == "K ≥ 4096" and row["pairs"] == 3 and row["a faster in"] == "3 of 3"
+    assert row["effect (×)"] == pytest.approx((1.309 * 1.27 * 1.35) ** (1 / 3))
+    assert row["95% CI"] == "1.234–1.388" and row["noise %"] == pytest.approx(2.1)
+    assert row["reason"].startswith("validated: effect beyond the noise")
+    assert ruled_out["effect (×)"][0] == pytest.approx((0.71 * 0.69) ** 0.5)
+    assert ruled_out["reason"][0] == "ruled out: BLOCK_SIZE_M=128 is faster in every pair"
+    assert inconclusive["reason"][0] == "inconclusive: no budget left in scope for more pairs"
+
+
+def test_hypothesis_drill_down_shows_evidence_pairs_verdict_history_and_its_learning(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "hypotheses")
+    h = ledger.hypotheses["validated"]
+    at.selectbox(key="hypothesis_detail").set_value(h.id).run()
+    assert "num_stages=4 beats num_stages=3 when K ≥ 4096" in texts(at)
+    assert metrics(at)["State"] == "validated" and metrics(at)["95% CI"] == "1.234–1.388"
+    assert metrics(at)["Pairs (a faster)"] == "3 (3)" and metrics(at)["Noise"] == "2.1 %"
+    evidence, history = frames(at)[4:6]
+    assert list(evidence["relation"]) == ["supports"] * 3
+    assert sorted(evidence["ratio b/a"]) == pytest.approx([1.27, 1.309, 1.35])
+    first = evidence[evidence["experiment a"] == ledger.pairs["validated"][0][0]].iloc[0]
+    assert first["config a"] == "BLOCK_SIZE_M=128 BLOCK_SIZE_N=128 num_warps=4 num_stages=4"
+    assert first["config b"] == "BLOCK_SIZE_M=128 BLOCK_SIZE_N=128 num_warps=4 num_stages=3"
+    assert (first["a (ms)"], first["b (ms)"]) == (2.0, 2.618)
+    assert first["problem"] == "M=2048 N=2048 K=8192 dtype=fp16"
+    assert list(history["state"]) == ["testing", "validated"]
+    assert ledger.learning.text in texts(at)
+    assert any("6 supporting experiment(s)" in c.value for c in at.caption)
+    assert any(c.value.endswith("numbers: " + GPU_SOURCE) for c in at.caption)
+
+
+def test_hypothesis_drill_down_of_a_refuted_one_shows_refuting_pairs_and_no_learning(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "hypotheses")
+    at.selectbox(key="hypothesis_detail").set_value(ledger.hypotheses["ruled_out"].id).run()
+    evidence = frames(at)[4]
+    assert list(evidence["relation"]) == ["refutes", "refutes"]
+    assert sorted(evidence["ratio b/a"]) == pytest.approx([0.69, 0.71])
+    assert "None: only a validated hypothesis becomes a learning." in [c.value for c in at.caption]
+
+
+def test_hypotheses_page_follows_new_verdicts(monkeypatch, tmp_path):
+    ledger = fx.build_ledger(tmp_path / "ledger.db")
+    at = page(monkeypatch, tmp_path / "ledger.db", "hypotheses")
+    assert metrics(at)["Validated"] == "1"
+    h = ledger.hypotheses["testing"]
+    ledger.live.store.record_verdict(fx.Verdict(h.id, fx.HypothesisState.VALIDATED, 5, 5, 0, 1.1234, 1.05, 1.2,
+                                                0.02, "validated: effect beyond the noise"))
+    time.sleep(data.TTL_S + 0.2)
+    at.run()
+    assert metrics(at)["Validated"] == "2" and metrics(at)["Active"] == "1"
+    assert list(frames(at)[1]["effect (×)"]) == pytest.approx([1.1234, 1.309259], rel=1e-5)
+
+
+def test_hypotheses_page_filters_by_campaign_and_says_when_there_is_none(monkeypatch, ledger_db):
+    path, _ = ledger_db
+    at = page(monkeypatch, path, "hypotheses")
+    at.selectbox(key="hypotheses_campaign").set_value(1).run()  # mm-live has no hypothesis
+    assert at.info[0].value.startswith("No hypothesis yet")
+
+
+def test_hypothesis_text_from_a_model_is_shown_as_text(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "hypotheses")
+    at.selectbox(key="hypothesis_detail").set_value(ledger.hypotheses["proposed"].id).run()
+    assert f"GROUP_SIZE_M=16 beats GROUP_SIZE_M=8 {fx.HOSTILE}" in texts(at)
+    assert f"model says {fx.HOSTILE}" in texts(at)
+    markup = [m.value for m in (*at.markdown, *at.caption, *at.subheader, *at.title)]
+    assert not any("<b" in m or "javascript:" in m for m in markup)
+
+
+def test_show_in_the_knowledge_graph_centres_the_graph_on_the_hypothesis(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "hypotheses")
+    h = ledger.hypotheses["validated"]
+    at.selectbox(key="hypothesis_detail").set_value(h.id).run()
+    at.button(key=f"graph_{h.id}").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Knowledge graph"
+    assert at.selectbox(key="graph_focus").value == f"hypothesis:{h.id}"
+    assert f"learning:{ledger.learning.id}" in graph_nodes(at)["id"].tolist()
+
+
+# -- Knowledge graph ------------------------------------------------------------------------------
+
+def graph_nodes(at: AppTest):
+    """The nodes the graph chart draws (its node dataset: the one with a `kind` and a `tag` column)."""
+    from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+    chart = next(c for c in at.get("vega_lite_chart") if c.key == "graph_chart")
+    tables = [convert_arrow_bytes_to_pandas_df(d.data.data) for d in chart.proto.datasets]
+    return next(t for t in tables if "tag" in t.columns)
+
+
+def click_node(at: AppTest, node: str) -> AppTest:
+    """What the browser sends when a node is clicked: the chart's selection, as its widget state."""
+    chart = next(c for c in at.get("vega_lite_chart") if c.key == "graph_chart")
+    states = at._tree.get_widget_states()
+    state = states.widgets.add()
+    state.id = chart.proto.id
+    state.string_value = json.dumps({"selection": {"node": [{"id": node}]}})
+    return at._run(states)
+
+
+def test_graph_overview_draws_hypotheses_learnings_and_their_evidence(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "graph")
+    nodes = graph_nodes(at)
+    ids = set(nodes["id"])
+    assert {f"hypothesis:{h.id}" for h in ledger.hypotheses.values()} <= ids
+    assert f"learning:{ledger.learning.id}" in ids
+    assert {f"experiment:{k}" for pair in ledger.pairs["validated"] for k in pair[:2]} <= ids
+    assert not set(nodes["kind"]) & {"kernel", "device"}  # the filters, not drawn
+    assert len(nodes) <= 300
+    spec = json.loads(at.get("vega_lite_chart")[0].proto.spec)
+    params = {p["name"]: p["select"] for p in spec["params"]}
+    assert params["node"]["type"] == "point" and params["zoom"]["type"] == "interval"
+    assert any(p.get("bind") == "scales" for p in spec["params"])  # pan and zoom
+    assert list(at.get("vega_lite_chart")[0].proto.selection_mode) == ["node"]
+    learnings = frames(at)[-1]
+    assert list(learnings["learning"]) == [ledger.learning.text]
+    assert list(learnings["scope"]) == ["K ≥ 4096"] and list(learnings["pairs"]) == [3]
+    assert len(learnings["evidence experiments"][0]) == 6
+
+
+def test_clicking_a_hypothesis_node_opens_its_evidence(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "graph")
+    h = ledger.hypotheses["ruled_out"]
+    click_node(at, f"hypothesis:{h.id}")
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="graph_open").value == f"hypothesis:{h.id}"
+    assert h.text in texts(at)
+    evidence = next(f for f in frames(at) if "relation" in f.columns)
+    assert list(evidence["relation"]) == ["refutes", "refutes"]
+
+
+def test_clicking_a_learning_node_opens_the_learning_with_its_supporting_pairs(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "graph")
+    click_node(at, f"learning:{ledger.learning.id}")
+    assert ledger.learning.text in texts(at)
+    assert metrics(at)["Evidence experiments"] == "6"
+    evidence = next(f for f in frames(at) if "relation" in f.columns)
+    assert sorted(evidence["ratio b/a"]) == pytest.approx([1.27, 1.309, 1.35])
+
+
+def test_opening_an_experiment_shows_its_links_and_centres_the_graph_on_it(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "graph")
+    key_a, _, _ = ledger.pairs["validated"][0]
+    at.selectbox(key="graph_open").set_value(f"experiment:{key_a}").run()
+    shown = texts(at)
+    assert f"ok · 2 ms · {GPU_SOURCE}" in shown
+    assert f"supports {ledger.hypotheses['validated'].id}: num_stages=4 beats num_stages=3 when K ≥ 4096" in shown
+    assert f"tests {ledger.hypotheses['validated'].id}: num_stages=4 beats num_stages=3 when K ≥ 4096" in shown
+    assert {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 4, "num_stages": 4} in [
+        json.loads(j.value) for j in at.json]
+    at.button(key="graph_centre").click().run()
+    assert at.selectbox(key="graph_focus").value == f"experiment:{key_a}"
+    nodes = graph_nodes(at)
+    assert f"experiment:{key_a}" in set(nodes["id"])
+    assert f"hypothesis:{ledger.hypotheses['validated'].id}" in set(nodes["id"])
+
+
+def test_graph_centred_on_a_hypothesis_draws_its_evidence_and_learning_only(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "graph")
+    h = ledger.hypotheses["validated"]
+    at.selectbox(key="graph_focus").set_value(f"hypothesis:{h.id}").run()
+    nodes = graph_nodes(at)
+    assert set(nodes[nodes["kind"] == "hypothesis"]["id"]) == {f"hypothesis:{h.id}"}
+    assert set(nodes[nodes["kind"] == "experiment"]["id"]) == {
+        f"experiment:{k}" for pair in ledger.pairs["validated"] for k in pair[:2]}
+    assert set(nodes[nodes["kind"] == "learning"]["id"]) == {f"learning:{ledger.learning.id}"}
+
+
+def test_graph_scope_filter_keeps_matching_learnings_and_reports_a_bad_filter(monkeypatch, ledger_db):
+    path, _ = ledger_db
+    at = page(monkeypatch, path, "graph")
+    at.text_input(key="graph_scope").input("K<=1024").run()
+    assert frames(at) == [] and "Learnings (0)" in [s.value for s in at.subheader]
+    at.text_input(key="graph_scope").input("K<<4").run()
+    assert at.error[0].value.startswith("bad problem filter 'K<<4'")
+
+
+def test_graph_bounds_a_large_graph_to_the_nearest_nodes_of_its_centre():
+    import networkx as nx
+
+    from tilepilot.dashboard import network
+    g = nx.MultiDiGraph()
+    g.add_node("kernel:k", kind="kernel")
+    for i in range(1000):
+        g.add_node(f"experiment:{i:04d}", kind="experiment")
+        g.add_edge(f"experiment:{i:04d}", "kernel:k", key="ran")
+        if i:
+            g.add_edge(f"experiment:{i - 1:04d}", f"experiment:{i:04d}", key="ran")
+    shown, left_out = network.bounded(g, "experiment:0500")
+    assert len(shown) == network.MAX_NODES == 300 and left_out == 700
+    assert "kernel:k" not in shown
+    assert set(shown) == {f"experiment:{i:04d}" for i in range(350, 650)}
+
+
+def test_graph_page_of_an_empty_store_says_how_to_start(monkeypatch, tmp_path):
+    path = tmp_path / "empty.db"
+    Store(path).close()
+    at = page(monkeypatch, path, "graph")
+    assert "No campaign in this database yet" in at.info[0].value

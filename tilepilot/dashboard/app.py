@@ -19,6 +19,8 @@ PAGES = (
     ("screens/gpus.py", "GPUs", ":material/memory:"),
     ("screens/queue.py", "Queue", ":material/queue:"),
     ("screens/experiments.py", "Experiments", ":material/science:"),
+    ("screens/hypotheses.py", "Hypotheses", ":material/lightbulb:"),
+    ("screens/graph.py", "Knowledge graph", ":material/hub:"),
     ("screens/log.py", "Log", ":material/receipt_long:"),
 )
 
