@@ -107,7 +107,12 @@ def winners(db: ReadOnlyDB, *, campaign: str | int | None = None, kernel: str | 
         if problem is None or _matches(loads(r["problem"]), problem):
             latest[(r["kernel"], r["device"], r["problem_key"])] = r  # later decisions replace earlier
     hyps = _hypotheses(db, list(latest.values()))
-    return [_entry(latest[k], hyps) for k in sorted(latest)]
+    return [_entry(latest[k], hyps) for k in sorted(latest, key=lambda k: (k[0], k[1], _order(latest[k])))]
+
+
+def _order(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """Problems in the order of their values (M=1 before M=16), whatever the types."""
+    return tuple((type(v).__name__, v) for v in loads(row["problem"]).values())
 
 
 def _matches(problem: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:

@@ -138,9 +138,10 @@ def describe(report: MergeReport) -> str:
     """One line: rows added per table, renames."""
     if not report.changed:
         return "nothing new (everything in it is already here)"
-    parts = [f"{n} {t}" for t in TABLES if (n := report.added.get(t))]
+    order = [*TABLES, *sorted((set(report.added) | set(report.updated)) - set(TABLES))]
+    parts = [f"{n} {t}" for t in order if (n := report.added.get(t))]
     text = "added " + (", ".join(parts) if parts else "nothing")
-    changed = [f"{n} {t}" for t in TABLES if (n := report.updated.get(t))]
+    changed = [f"{n} {t}" for t in order if (n := report.updated.get(t))]
     if changed:
         text += "; updated from a newer copy: " + ", ".join(changed)
     if report.renamed:
