@@ -4,19 +4,18 @@ Everything a kernel family gives tilepilot, in one small class: the config space
 warps) with a constraint, the problem check, the untuned config, the work model, and on the
 device side the inputs, the output buffer, the reference with its tolerance, the ahead-of-time
 compile and the launcher. torch and triton are imported inside the methods, so registering the
-family costs nothing and works on a machine without a GPU stack.
+family costs nothing and works on a machine without a GPU stack. The source hash and the launch
+closure come from tilepilot's public helpers in `tilepilot.kernels.compile`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from tilepilot.experiments import Config, InputError, Param, Problem, SearchSpace
 from tilepilot.kernels import KernelFamily, Target, Work
+from tilepilot.kernels.compile import hash_modules, launch
 
 ALPHA = 2.5
 DTYPES = {"fp16": 2, "fp32": 4}  # name -> bytes per element
@@ -63,13 +62,7 @@ class ScaledAddFamily(KernelFamily):
 
     def source_hash(self) -> str:
         """This module and the kernel module, so that an edited kernel is a new experiment."""
-        h = hashlib.sha256()
-        for module in (__name__, "my_kernel.kernel"):
-            spec = importlib.util.find_spec(module)
-            if spec is None or spec.origin is None:
-                raise ImportError(f"module {module} not found")
-            h.update(Path(spec.origin).read_bytes())
-        return h.hexdigest()[:12]
+        return hash_modules(type(self).__module__, "my_kernel.kernel")
 
     # ---- device side: torch and triton -----------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
@@ -104,19 +97,15 @@ class ScaledAddFamily(KernelFamily):
     def launcher(self, problem: Problem, config: Config, inputs: tuple[Any, ...], out: Any,
                  compiled: Any | None) -> Callable[[], None]:
         from my_kernel.kernel import scaled_add_kernel
-        from tilepilot.kernels.compile import launch_args
 
         x, y = inputs
         n = int(problem["n"])
         if x.shape != (n,) or y.shape != (n,) or out.shape != (n,):
             raise ValueError(f"operands must have {n} elements")
         grid = ((n + int(config["BLOCK_SIZE"]) - 1) // int(config["BLOCK_SIZE"]), 1, 1)
-        values = {"x_ptr": x, "y_ptr": y, "z_ptr": out, "n": n, **self._constexprs(config)}
-        if compiled is None:  # the interpreter (or a plain JIT launch)
-            return lambda: scaled_add_kernel[grid](**values, num_warps=int(config["num_warps"]))
-        runner = compiled[grid]
-        args = launch_args(scaled_add_kernel.arg_names, values)
-        return lambda: runner(*args)
+        values = {"x_ptr": x, "y_ptr": y, "z_ptr": out, "n": n}
+        # the ahead-of-time kernel, or the JIT under the interpreter (no num_stages in this space)
+        return launch(scaled_add_kernel, grid, values, self._constexprs(config), config, compiled)
 
     @staticmethod
     def _constexprs(config: Config) -> dict[str, Any]:

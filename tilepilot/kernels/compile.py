@@ -10,14 +10,23 @@ them (every argument, constants included, as the JIT passes them).
 
 Works in a process with no CUDA context (`CUDA_VISIBLE_DEVICES=""`): the target is given.
 A second call with the same arguments hits Triton's on-disk cache.
+
+Also the helpers every family (built in or a user's) shares: `launch` (a closure running the
+ahead-of-time kernel, or the JIT under the interpreter), `hash_modules` (a family's source
+hash over its modules, without importing them) and `interpreting` (TRITON_INTERPRET is on).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+import importlib.util
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from tilepilot.experiments import Config
 from tilepilot.kernels.base import Target
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -56,6 +65,49 @@ def aot_compile(fn: Any, args: Mapping[str, ArgValue], constexprs: Mapping[str, 
 def launch_args(arg_names: Sequence[str], values: Mapping[str, Any]) -> list[Any]:
     """Every argument in declaration order, constants included (Triton's launcher skips those)."""
     return [values[name] for name in arg_names]
+
+
+def launch(fn: Any, grid: tuple[int, int, int], values: Mapping[str, Any], constexprs: Mapping[str, Any],
+           config: Config, compiled: Any | None) -> Callable[[], None]:
+    """A closure launching `fn` once: the ahead-of-time kernel if given, else through the JIT
+    with the config's num_warps and, where the config has one, its num_stages (else Triton's
+    default). `values` are the runtime arguments, `constexprs` the compile-time ones.
+
+    Raises Triton's OutOfResources here, not in the closure, when the compiled kernel cannot
+    be loaded on this device."""
+    if compiled is None:
+        kwargs = {**values, **constexprs, "num_warps": int(config["num_warps"])}
+        if "num_stages" in config:
+            kwargs["num_stages"] = int(config["num_stages"])
+
+        def run_jit() -> None:
+            fn[grid](**kwargs)
+
+        return run_jit
+    runner = compiled[grid]  # loads the binary: raises OutOfResources when it cannot run here
+    args = launch_args(fn.arg_names, {**values, **constexprs})
+
+    def run_aot() -> None:
+        runner(*args)
+
+    return run_aot
+
+
+def hash_modules(*modules: str) -> str:
+    """Hash of the source files of `modules` (12 hex digits), read without importing them, so
+    that the CPU side needs no triton. Raises ImportError for a module that cannot be found."""
+    h = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ImportError(f"module {name} not found")
+        h.update(Path(spec.origin).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def interpreting() -> bool:
+    """Whether this process runs Triton kernels under the interpreter (TRITON_INTERPRET on)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def _specialise(arg_names: Sequence[str], args: Mapping[str, ArgValue], constexprs: Mapping[str, Any],

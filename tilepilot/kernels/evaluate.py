@@ -45,6 +45,7 @@ from tilepilot.experiments import (
 )
 from tilepilot.kernels import failures, telemetry
 from tilepilot.kernels.base import KernelFamily, Target
+from tilepilot.kernels.compile import interpreting
 from tilepilot.kernels.registry import get_family
 from tilepilot.kernels.timing import GpuTimer, TimingPlan, time_cpu
 
@@ -94,7 +95,7 @@ def compile_config(kernel: str, problem: Problem, config: Config, target: Target
     Predicts OUT_OF_RESOURCES from the kernel's shared memory against `target.max_shared_bytes`.
     Raises BackendUnavailable when this process cannot compile for the target at all.
     """
-    if _interpreting():
+    if interpreting():
         raise BackendUnavailable("compile_config needs a process without TRITON_INTERPRET=1")
     family = get_family(kernel)
     compiled, ms, error = _compile(family, problem, config, target)
@@ -424,10 +425,6 @@ def _with_telemetry(result: Result, tele: Telemetry) -> Result:
                   result.max_rel_err, result.compile_ms, tele, result.extra)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 def _enter_interpreter() -> None:
     """Set TRITON_INTERPRET=1; refuse if a kernel module was already imported for the GPU."""
     os.environ["TRITON_INTERPRET"] = "1"
@@ -443,7 +440,7 @@ def _enter_interpreter() -> None:
 
 
 def _require_gpu() -> None:
-    if _interpreting():
+    if interpreting():
         raise BackendUnavailable("TRITON_INTERPRET=1 is set: the gpu backend needs it unset")
     import torch
 

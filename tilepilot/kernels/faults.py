@@ -23,7 +23,8 @@ from typing import Any, ClassVar
 
 from tilepilot.experiments import Config, Param, Problem, SearchSpace
 from tilepilot.kernels.base import Target
-from tilepilot.kernels.matmul import PARAMS, TILE_PARAMS, MatmulFamily, _hash_modules, shared_memory_fits
+from tilepilot.kernels.compile import hash_modules, launch
+from tilepilot.kernels.matmul import PARAMS, TILE_PARAMS, MatmulFamily, shared_memory_fits
 
 FAULTS = ("none", "oob", "exit", "sleep", "hang")
 EXIT_CODE = 3
@@ -50,8 +51,8 @@ class MatmulFaultsFamily(MatmulFamily):
         return f"{super().specialisation(problem, config)} FAULT:{config['FAULT']}"
 
     def source_hash(self) -> str:
-        return _hash_modules(type(self).__module__, "tilepilot.kernels.faults_triton",
-                             "tilepilot.kernels.matmul", "tilepilot.kernels.matmul_triton")
+        return hash_modules(type(self).__module__, "tilepilot.kernels.faults_triton",
+                            "tilepilot.kernels.matmul", "tilepilot.kernels.matmul_triton")
 
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
         from tilepilot.kernels import faults_triton
@@ -96,7 +97,6 @@ def _sleep() -> None:
 
 def _oob_launcher(config: Config, out: Any, compiled: Any | None) -> Callable[[], None]:
     from tilepilot.kernels import faults_triton
-    from tilepilot.kernels.matmul import launch
 
     if compiled is None:
         def refuse() -> None:
@@ -111,7 +111,6 @@ def _hang_launcher(config: Config, out: Any, compiled: Any | None) -> Callable[[
     import torch
 
     from tilepilot.kernels import faults_triton
-    from tilepilot.kernels.matmul import launch
 
     flag = torch.zeros(4, dtype=torch.int32, device=out.device)
     sink = torch.zeros(4, dtype=torch.int32, device=out.device)

@@ -48,13 +48,13 @@ just before, in L2 when it fits (decode shapes), and q is read by the down proje
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tilepilot.experiments import Config, InputError, Param, Problem, SearchSpace
 from tilepilot.kernels.base import KernelFamily, Target, Work
+from tilepilot.kernels.compile import hash_modules, interpreting, launch
 
 DTYPES = ("bf16", "fp16")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2}
@@ -169,10 +169,6 @@ def _rel(a: Any, b: Any) -> float:
     return num / den if den > 0 else num
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
-
-
 class SiluMulFp8QuantFamily(KernelFamily):
     name: ClassVar[str] = "silu_mul_fp8_quant"
     version: ClassVar[str] = "1"
@@ -224,9 +220,7 @@ class SiluMulFp8QuantFamily(KernelFamily):
         return f"{problem['dtype']} T:{int_class(t)} H:{int_class(h)}"
 
     def source_hash(self) -> str:
-        from tilepilot.kernels.matmul import _hash_modules
-
-        return _hash_modules(type(self).__module__, "tilepilot.kernels.fp8_quant_triton")
+        return hash_modules(type(self).__module__, "tilepilot.kernels.fp8_quant_triton")
 
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
@@ -278,7 +272,6 @@ class SiluMulFp8QuantFamily(KernelFamily):
     def launcher(self, problem: Problem, config: Config, inputs: tuple[Any, ...], out: Any,
                  compiled: Any | None) -> Callable[[], None]:
         from tilepilot.kernels import fp8_quant_triton
-        from tilepilot.kernels.matmul import launch
 
         (x,) = inputs
         q, s = out
@@ -287,7 +280,7 @@ class SiluMulFp8QuantFamily(KernelFamily):
         groups, rows = int(config["GROUPS_PER_PROGRAM"]), int(config["ROWS_PER_PROGRAM"])
         grid = ((t + rows - 1) // rows, (n_groups(problem) + groups - 1) // groups, 1)
         values = {"x_ptr": x, "q_ptr": q, "s_ptr": s, "T": t, "H": h}
-        round_in_fp32 = compiled is None and _interpreting()
+        round_in_fp32 = compiled is None and interpreting()
         return launch(fp8_quant_triton.silu_mul_fp8_quant_kernel, grid, values, _constexprs(config, round_in_fp32),
                       config, compiled)
 

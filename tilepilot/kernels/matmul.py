@@ -8,14 +8,12 @@ stages. The kernel itself is in `matmul_triton.py`.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from tilepilot.experiments import Config, InputError, Param, Problem, SearchSpace
 from tilepilot.kernels.base import KernelFamily, Target, Work
+from tilepilot.kernels.compile import hash_modules, launch
 
 DTYPES = ("bf16", "fp16")
 DTYPE_BYTES = {"bf16": 2, "fp16": 2}
@@ -81,7 +79,7 @@ class MatmulFamily(KernelFamily):
 
     def source_hash(self) -> str:
         """The family module and its kernel module, so that an edited kernel is a new experiment."""
-        return _hash_modules(type(self).__module__, "tilepilot.kernels.matmul_triton")
+        return hash_modules(type(self).__module__, "tilepilot.kernels.matmul_triton")
 
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
@@ -181,27 +179,6 @@ def torch_dtype(problem: Problem) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[str(problem["dtype"])]
 
 
-def launch(fn: Any, grid: tuple[int, int, int], values: Mapping[str, Any], constexprs: Mapping[str, Any],
-           config: Config, compiled: Any | None) -> Callable[[], None]:
-    """A closure launching `fn` once: the ahead-of-time kernel if given, else through the JIT."""
-    if compiled is None:
-        kwargs = {**values, **constexprs}
-
-        def run_jit() -> None:
-            fn[grid](**kwargs, num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
-
-        return run_jit
-    from tilepilot.kernels.compile import launch_args
-
-    runner = compiled[grid]  # loads the binary: raises OutOfResources when it cannot run here
-    args = launch_args(fn.arg_names, {**values, **constexprs})
-
-    def run_aot() -> None:
-        runner(*args)
-
-    return run_aot
-
-
 def _int_args(problem: Problem) -> dict[str, int]:
     m, n, k = dims(problem)
     return {"M": m, "N": n, "K": k, "stride_am": k, "stride_ak": 1, "stride_bk": n, "stride_bn": 1,
@@ -221,13 +198,3 @@ def _check_operands(problem: Problem, a: Any, b: Any, out: Any) -> None:
         if not t.is_contiguous() or t.data_ptr() % 16:
             raise ValueError("matmul operands must be contiguous and 16-byte aligned")
 
-
-def _hash_modules(*modules: str) -> str:
-    """Hash the source files of modules without importing them (no triton import on the CPU side)."""
-    h = hashlib.sha256()
-    for name in modules:
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.origin is None:
-            raise ImportError(f"module {name} not found")
-        h.update(Path(spec.origin).read_bytes())
-    return h.hexdigest()[:12]

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 from tilepilot.experiments import Config, Problem, SearchSpace
 from tilepilot.kernels import rowwise
 from tilepilot.kernels.base import KernelFamily, Target, Work
+from tilepilot.kernels.compile import hash_modules, launch
 
 TOLERANCE = {"bf16": 5e-3, "fp16": 1e-3, "fp32": 1e-5}
 X_MEAN = 0.5
@@ -65,9 +66,7 @@ class _NormFamily(KernelFamily):
         return rowwise.specialisation(problem, config)
 
     def source_hash(self) -> str:
-        from tilepilot.kernels.matmul import _hash_modules
-
-        return _hash_modules(type(self).__module__, "tilepilot.kernels.norms_triton", "tilepilot.kernels.rowwise")
+        return hash_modules(type(self).__module__, "tilepilot.kernels.norms_triton", "tilepilot.kernels.rowwise")
 
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
@@ -101,8 +100,6 @@ class _NormFamily(KernelFamily):
 
     def launcher(self, problem: Problem, config: Config, inputs: tuple[Any, ...], out: Any,
                  compiled: Any | None) -> Callable[[], None]:
-        from tilepilot.kernels.matmul import launch
-
         names = ("x", *self.vectors)
         if len(inputs) != len(names):
             raise ValueError(f"{self.name} takes {len(names)} inputs ({', '.join(names)}), got {len(inputs)}")

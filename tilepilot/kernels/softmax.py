@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from tilepilot.experiments import Config, Problem, SearchSpace
 from tilepilot.kernels import rowwise
 from tilepilot.kernels.base import KernelFamily, Target, Work
+from tilepilot.kernels.compile import hash_modules, launch
 
 TOLERANCE = {"bf16": 5e-3, "fp16": 1e-3, "fp32": 1e-5}
 FLOPS_PER_ELEMENT = 5
@@ -57,10 +58,7 @@ class SoftmaxFamily(KernelFamily):
         return rowwise.specialisation(problem, config)
 
     def source_hash(self) -> str:
-        from tilepilot.kernels.matmul import _hash_modules
-
-        return _hash_modules(type(self).__module__, "tilepilot.kernels.softmax_triton",
-                             "tilepilot.kernels.rowwise")
+        return hash_modules(type(self).__module__, "tilepilot.kernels.softmax_triton", "tilepilot.kernels.rowwise")
 
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
@@ -96,7 +94,6 @@ class SoftmaxFamily(KernelFamily):
     def launcher(self, problem: Problem, config: Config, inputs: tuple[Any, ...], out: Any,
                  compiled: Any | None) -> Callable[[], None]:
         from tilepilot.kernels import softmax_triton
-        from tilepilot.kernels.matmul import launch
 
         (x,) = inputs
         rowwise.check_rows_operands(problem, {"x": x, "out": out})
