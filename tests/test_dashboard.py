@@ -348,7 +348,7 @@ def test_hypothesis_drill_down_shows_evidence_pairs_verdict_history_and_its_lear
     h = ledger.hypotheses["validated"]
     at.selectbox(key="hypothesis_detail").set_value(h.id).run()
     assert "num_stages=4 beats num_stages=3 when K ≥ 4096" in texts(at)
-    assert metrics(at)["State"] == "validated" and metrics(at)["95% CI"] == "1.234–1.388"
+    assert metrics(at)["Effect (×)"] == "1.309" and metrics(at)["95% CI"] == "1.23–1.39"
     assert metrics(at)["Pairs (a faster)"] == "3 (3)" and metrics(at)["Noise"] == "2.1 %"
     evidence, history = frames(at)[4:6]
     assert list(evidence["relation"]) == ["supports"] * 3
@@ -540,3 +540,44 @@ def test_graph_page_of_an_empty_store_says_how_to_start(monkeypatch, tmp_path):
     Store(path).close()
     at = page(monkeypatch, path, "graph")
     assert "No campaign in this database yet" in at.info[0].value
+
+
+def test_graph_overview_leaves_out_whole_hypotheses_beyond_the_node_bound(monkeypatch, ledger_db):
+    from tilepilot.dashboard import network
+    path, ledger = ledger_db
+    monkeypatch.setattr(network, "MAX_NODES", 12)
+    at = page(monkeypatch, path, "graph")
+    nodes = graph_nodes(at)
+    assert len(nodes) <= 12
+    drawn = set(nodes[nodes["kind"] == "hypothesis"]["id"])
+    assert f"hypothesis:{ledger.hypotheses['testing'].id}" in drawn  # being tested: drawn first
+    left_out = len(ledger.hypotheses) - len(drawn)
+    assert left_out and f"{left_out} more hypothesis(es) not drawn, to keep the picture within 12 nodes: " \
+        "centre on one to see it" in [c.value for c in at.caption]
+
+
+def test_typing_an_experiment_key_prefix_centres_the_graph_on_it(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "graph")
+    key_a = ledger.pairs["ruled_out"][0][0]
+    at.text_input(key="graph_experiment").input(key_a[:8]).run()
+    assert at.selectbox(key="graph_focus").value == f"experiment:{key_a[:8]}"
+    nodes = graph_nodes(at)
+    assert f"experiment:{key_a}" in set(nodes["id"])
+    assert f"hypothesis:{ledger.hypotheses['ruled_out'].id}" in set(nodes["id"])
+    at.text_input(key="graph_experiment").input("zzzzzzzz").run()
+    assert "is not an experiment key" in at.error[0].value
+
+
+def test_graph_layout_does_not_depend_on_the_order_the_rows_came_in():
+    import networkx as nx
+
+    from tilepilot.dashboard import network
+    edges = [(f"experiment:{i}", f"hypothesis:H-{i % 3}", "supports") for i in range(12)]
+    forward, backward = nx.MultiDiGraph(), nx.MultiDiGraph()
+    for g, order in ((forward, edges), (backward, edges[::-1])):
+        for u, v, k in order:
+            g.add_node(u, kind="experiment")
+            g.add_node(v, kind="hypothesis")
+            g.add_edge(u, v, key=k)
+    assert network.layout(forward) == network.layout(backward)

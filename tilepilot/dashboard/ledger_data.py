@@ -12,7 +12,7 @@ import streamlit as st
 
 from tilepilot.dashboard import data
 from tilepilot.storage import graph, ledger
-from tilepilot.storage.graph import Knowledge, Neighbourhood, Support
+from tilepilot.storage.graph import Neighbourhood, Support
 from tilepilot.storage.ledger import EvidenceRow, HypothesisRow, LearningRow, VerdictRow
 from tilepilot.storage.queries import ReadOnlyDB
 
@@ -62,12 +62,6 @@ def kernels_devices(path: str) -> list[tuple[str, str]]:
     found = {(c.kernel, c.device) for c in data.campaigns(path)}
     found |= {(h.hypothesis.kernel, h.hypothesis.device) for h in hypotheses(path)}
     return sorted(found)
-
-
-@st.cache_data(ttl=TTL_S, show_spinner=False)
-def knowledge(path: str, kernel: str, device: str | None, scope: str) -> Knowledge:
-    """Raises InputError for a bad scope filter (the page shows it)."""
-    return graph.knowledge(_db(path), kernel=kernel, device=device, scope=scope)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

@@ -29,8 +29,8 @@ COLUMNS = {"effect (×)": st.column_config.NumberColumn(format="%.3f", help=EFFE
 GRAPH_REQUEST = "graph_focus_request"  # read by the Knowledge-graph page: (kernel, node id) to centre on
 
 
-def ci(low: float | None, high: float | None) -> str:
-    return "" if low is None or high is None else f"{low:.3f}–{high:.3f}"
+def ci(low: float | None, high: float | None, digits: int = 3) -> str:
+    return "" if low is None or high is None else f"{low:.{digits}f}–{high:.{digits}f}"
 
 
 def _noise(value: float | None) -> float | None:
@@ -40,10 +40,10 @@ def _noise(value: float | None) -> float | None:
 def hypotheses_table(rows: Sequence[HypothesisRow]) -> pd.DataFrame:
     return pd.DataFrame([{
         "id": h.id, "state": str(h.state), "statement": h.hypothesis.text, "scope": h.hypothesis.scope.text(),
-        "pairs": h.pairs, "a faster in": f"{h.wins} of {h.pairs}", "effect (×)": h.effect,
-        "95% CI": ci(h.ci_low, h.ci_high), "noise %": _noise(h.noise), "reason": h.reason,
-        "kernel": h.hypothesis.kernel, "device": h.hypothesis.device, "campaign": h.campaign,
-        "proposed by": h.hypothesis.source, "updated": clock(h.updated_at),
+        "effect (×)": h.effect, "95% CI": ci(h.ci_low, h.ci_high), "a faster in": f"{h.wins} of {h.pairs}",
+        "noise %": _noise(h.noise), "reason": h.reason, "pairs": h.pairs, "proposed by": h.hypothesis.source,
+        "campaign": h.campaign, "kernel": h.hypothesis.kernel, "device": h.hypothesis.device,
+        "updated": clock(h.updated_at),
     } for h in rows])
 
 
@@ -81,12 +81,11 @@ def hypothesis_detail(path: str, h: HypothesisRow, *, graph_button: bool = True)
     hyp = h.hypothesis
     st.markdown(f"**{md_escape(h.id)}** · {md_escape(str(h.state))}")
     st.text(hyp.text)
-    cols = st.columns(5)
-    cols[0].metric("State", str(h.state))
-    cols[1].metric("Effect (×)", "—" if h.effect is None else f"{h.effect:.3f}", help=EFFECT_HELP)
-    cols[2].metric("95% CI", ci(h.ci_low, h.ci_high) or "—")
-    cols[3].metric("Pairs (a faster)", f"{h.pairs} ({h.wins})")
-    cols[4].metric("Noise", "—" if h.noise is None else f"{100 * h.noise:.1f} %", help=NOISE_HELP)
+    cols = st.columns(4)
+    cols[0].metric("Effect (×)", "—" if h.effect is None else f"{h.effect:.3f}", help=EFFECT_HELP)
+    cols[1].metric("95% CI", ci(h.ci_low, h.ci_high, 2) or "—")
+    cols[2].metric("Pairs (a faster)", f"{h.pairs} ({h.wins})")
+    cols[3].metric("Noise", "—" if h.noise is None else f"{100 * h.noise:.1f} %", help=NOISE_HELP)
     st.caption(f"{md_escape(hyp.kernel)} on {md_escape(hyp.device)} · scope: {md_escape(hyp.scope.text())} · "
                f"proposed by {md_escape(hyp.source)} in {md_escape(h.campaign)} · "
                f"numbers: {md_escape(numbers_source(path, h.campaign_id))}")

@@ -34,11 +34,11 @@ EDGE_COLOURS = {"supports": "#2ca02c", "refutes": "#d62728", "tests": "#ff7f0e",
 TOOLTIP_CHARS = 240
 
 
-def bounded(g: nx.MultiDiGraph, centre: str | None = None, limit: int = MAX_NODES) -> tuple[nx.MultiDiGraph, int]:
-    """`g` without the hidden kinds, cut to `limit` nodes: the nearest to `centre` first (edges taken
-    either way), then by kind (hypotheses, learnings, problems, experiments, campaigns, configs),
-    then by id. Returns the subgraph
-    and the number of nodes left out."""
+def bounded(g: nx.MultiDiGraph, centre: str | None = None,
+            limit: int | None = None) -> tuple[nx.MultiDiGraph, int]:
+    """`g` without the hidden kinds, cut to `limit` (default `MAX_NODES`) nodes: the nearest to
+    `centre` first (edges taken either way), then by kind (hypotheses, learnings, problems,
+    experiments, campaigns, configs), then by id. Returns the subgraph and how many were left out."""
     shown = [n for n, d in g.nodes(data=True) if d["kind"] not in HIDDEN]
     view = g.subgraph(shown)
     dist: Mapping[str, int] = {}
@@ -47,15 +47,19 @@ def bounded(g: nx.MultiDiGraph, centre: str | None = None, limit: int = MAX_NODE
     far = len(shown) + 1
     rank = list(NODE_STYLE)
     order = sorted(shown, key=lambda n: (dist.get(n, far), rank.index(g.nodes[n]["kind"]), n))
-    keep = order[:limit]
+    keep = order[:MAX_NODES if limit is None else limit]
     return g.subgraph(keep).copy(), len(shown) - len(keep)
 
 
 def layout(g: nx.MultiDiGraph, seed: int = 0) -> dict[str, tuple[float, float]]:
-    """Spring-layout positions; the same graph always gets the same picture."""
+    """Spring-layout positions; the same nodes and edges always get the same picture, whatever
+    order the queries returned them in."""
     if not len(g):
         return {}
-    pos = nx.spring_layout(nx.Graph(g.to_undirected(as_view=True)), seed=seed)
+    simple = nx.Graph()
+    simple.add_nodes_from(sorted(g))
+    simple.add_edges_from(sorted(tuple(sorted((u, v))) for u, v in g.edges() if u != v))
+    pos = nx.spring_layout(simple, seed=seed)
     return {n: (float(x), float(y)) for n, (x, y) in pos.items()}
 
 

@@ -1,8 +1,9 @@
 """Knowledge graph: experiments, hypotheses and learnings of one kernel, drawn around a centre.
 
-Centre on nothing (what is known: the best experiment per problem, the hypotheses with their
-evidence, the learnings), on a hypothesis (its evidence and learning) or on an experiment (its
-neighbourhood). Drag to pan, scroll to zoom, click a node to open it below; the learnings follow.
+The overview draws the hypotheses (those being tested first, then the latest judged) with their
+evidence experiments and learnings, as many as fit in `network.MAX_NODES`; centred on a
+hypothesis it draws its evidence, configs and learning; centred on an experiment, its
+neighbourhood. Drag to pan, scroll to zoom, click a node to open it below; the learnings follow.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from tilepilot.storage.graph import node_id
 from tilepilot.storage.ledger import HypothesisRow
 
 KERNEL_KEY, DEVICE_KEY, SCOPE_KEY, FOCUS_KEY = "graph_kernel", "graph_device", "graph_scope", "graph_focus"
-CHART_KEY, OPEN_KEY = "graph_chart", "graph_open"
+CHART_KEY, OPEN_KEY, TYPED_KEY = "graph_chart", "graph_open", "graph_experiment"
 CENTRE_REQUEST = "graph_centre_request"  # a node id set by "Centre the graph here"
-OVERVIEW_HYPOTHESES = 30  # the overview draws the evidence of the most recently updated ones
+ACTIVE = ("testing", "proposed")
 RADIUS, PER_NODE = 2, 40  # an experiment's neighbourhood
 
 
@@ -38,28 +39,47 @@ def _with_learning(g: nx.MultiDiGraph, path: str, h: HypothesisRow) -> None:
     g.add_edge(nid, node_id("hypothesis", h.id), key="learned_from", kind="learned_from")
 
 
-def overview(path: str, kernel: str, device: str | None, scope: str) -> nx.MultiDiGraph:
-    """The best experiment per problem, hypotheses and learnings (scoped), and the evidence of the
-    `OVERVIEW_HYPOTHESES` most recently updated hypotheses."""
-    known = ledger_data.knowledge(path, kernel, device, scope)
-    g = known.graph.copy()
-    recent = sorted(known.hypotheses, key=lambda h: -h.updated_at)[:OVERVIEW_HYPOTHESES]
-    for h in recent:
-        g = nx.compose(g, ledger_data.support(path, h.id).graph)
-    return g
+def _hypotheses(path: str, kernel: str, device: str | None, scope: str) -> list[HypothesisRow]:
+    """The hypotheses of the filters, the ones being tested first, then the latest judged."""
+    rows = ledger_data.hypotheses(path, None, kernel, device)
+    if scope.strip():
+        wanted = Scope.parse(scope)
+        rows = [h for h in rows if h.hypothesis.scope.overlaps(wanted)]
+    return sorted(rows, key=lambda h: (str(h.state) not in ACTIVE, -h.updated_at))
 
 
-def subgraph(path: str, kernel: str, device: str | None, scope: str, focus: str) -> tuple[nx.MultiDiGraph, str | None]:
-    """The graph to draw and its centre. Raises InputError for a bad scope or an unknown node."""
+def overview(path: str, kernel: str, device: str | None, scope: str) -> tuple[nx.MultiDiGraph, int]:
+    """Hypotheses with their evidence (experiments and problems; configs are drawn once centred)
+    and learnings, taken in `_hypotheses` order while they fit in `network.MAX_NODES`; returns
+    the graph and the number of hypotheses left out."""
+    g = nx.MultiDiGraph()
+    rows = _hypotheses(path, kernel, device, scope)
+    for i, h in enumerate(rows):
+        part = ledger_data.support(path, h.id).graph.copy()
+        _with_learning(part, path, h)
+        part.remove_nodes_from([n for n, d in part.nodes(data=True) if d["kind"] in ("config", *network.HIDDEN)])
+        if len(g) and len(set(g) | set(part)) > network.MAX_NODES:
+            return g, len(rows) - i
+        g.add_nodes_from(part.nodes(data=True))
+        g.add_edges_from(part.edges(keys=True, data=True))
+    return g, 0
+
+
+def subgraph(path: str, kernel: str, device: str | None, scope: str,
+             focus: str) -> tuple[nx.MultiDiGraph, str | None, int]:
+    """The graph to draw, its centre and the hypotheses left out of an overview.
+    Raises InputError for a bad scope or an unknown node."""
     kind, _, key = focus.partition(":")
     if kind == "hypothesis":
         support = ledger_data.support(path, key)
         g = support.graph.copy()
         _with_learning(g, path, support.hypothesis)
-        return g, focus
+        return g, focus, 0
     if kind == "experiment":
-        return ledger_data.neighbourhood(path, key, RADIUS, PER_NODE).graph, focus
-    return overview(path, kernel, device, scope), None
+        near = ledger_data.neighbourhood(path, key, RADIUS, PER_NODE)
+        return near.graph, near.center, 0
+    g, left_out = overview(path, kernel, device, scope)
+    return g, None, left_out
 
 
 # ---- details of the open node -----------------------------------------------------------------
@@ -131,13 +151,11 @@ def _option(g: nx.MultiDiGraph) -> Callable[[str], str]:
 
 def draw(path: str, g: nx.MultiDiGraph, centre: str | None) -> None:
     shown, left_out = network.bounded(g, centre)
-    if not len(shown):
-        st.info("Nothing to draw for these filters yet.")
-        return
     counts = {k: sum(d["kind"] == k for _, d in shown.nodes(data=True)) for k in network.NODE_STYLE}
     st.caption(" · ".join(f"{n} {k}(s)" for k, n in counts.items() if n)
                + (f" · {left_out} more node(s) not drawn (at most {network.MAX_NODES})" if left_out else "")
-               + " · drag to pan, scroll to zoom, double-click to reset, click a node to open it")
+               + " · drag to pan, scroll to zoom, double-click to reset, click a node to open it (the picture "
+               "follows the store: turn Live refresh off in the sidebar to hold it while you explore)")
     nodes, edges = network.frames(shown, network.layout(shown))
     st.altair_chart(network.chart(nodes, edges), key=CHART_KEY, on_select=on_click,
                     selection_mode=[network.SELECTION], width="stretch")
@@ -166,8 +184,16 @@ def learnings(path: str, kernel: str, device: str | None, scope: str) -> None:
 def body(kernel: str, device: str | None, scope: str, focus: str) -> None:
     path = live.db()
     try:
-        g, centre = subgraph(path, kernel, device, scope, focus)
-        draw(path, g, centre)
+        g, centre, hypotheses_left_out = subgraph(path, kernel, device, scope, focus)
+        if not len(g):
+            st.info("No hypothesis for these filters yet: the overview draws hypotheses with their evidence and "
+                    "learnings. Centre on an experiment by its key (from the Experiments page) to see what it "
+                    "links to.")
+        else:
+            if hypotheses_left_out:
+                st.caption(f"{hypotheses_left_out} more hypothesis(es) not drawn, to keep the picture within "
+                           f"{network.MAX_NODES} nodes: centre on one to see it")
+            draw(path, g, centre)
         learnings(path, kernel, device, scope)
     except InputError as e:
         st.error(str(e))
@@ -175,12 +201,18 @@ def body(kernel: str, device: str | None, scope: str, focus: str) -> None:
 
 def _focus_options(path: str, kernel: str, device: str | None) -> tuple[list[str], Callable[[str], str]]:
     hyps = ledger_data.hypotheses(path, None, kernel, device)
-    labels = {"": "what is known (best per problem, hypotheses, learnings)"}
+    labels = {"": "overview: hypotheses with their evidence and learnings"}
     labels.update({f"hypothesis:{h.id}": f"hypothesis {h.id} · {h.state} · {h.hypothesis.text}" for h in hyps})
     current = st.session_state.get(FOCUS_KEY) or ""
     if current.startswith("experiment:"):
         labels[current] = f"experiment {current.partition(':')[2]} (its neighbourhood)"
     return list(labels), labels.__getitem__
+
+
+def _centre_on_typed() -> None:
+    typed = str(st.session_state.get(TYPED_KEY) or "").strip().lower().removeprefix("experiment:")
+    if typed:
+        st.session_state[FOCUS_KEY] = f"experiment:{typed}"
 
 
 def _take_requests() -> None:
@@ -212,7 +244,10 @@ def main() -> None:
     options, label = _focus_options(path, kernel, device)
     if st.session_state.get(FOCUS_KEY, "") not in options:
         st.session_state[FOCUS_KEY] = ""
-    focus = st.selectbox("Centre on", options, format_func=label, key=FOCUS_KEY)
+    cols = st.columns([3, 1])
+    focus = cols[0].selectbox("Centre on", options, format_func=label, key=FOCUS_KEY)
+    cols[1].text_input("or on an experiment", key=TYPED_KEY, on_change=_centre_on_typed,
+                       placeholder="its key (6+ characters)")
     sources = sorted({source(c.backend, c.device) for c in data.campaigns(path) if c.kernel == kernel})
     st.caption("numbers: " + md_escape("; ".join(sources) or "no campaign of this kernel"))
     live.live(lambda: body(kernel, device, scope, focus))
