@@ -5,6 +5,7 @@ invalid configs, bf16 refused, and the crash-recovery faults (oob, exit, sleep).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -59,10 +60,20 @@ out = {
     "recheck": list(vars(ev.recheck("matmul", PROBLEM, configs[1])).values()),
     "wrong": [[r.status.value, r.max_rel_err, r.message]
               for r in ev.evaluate("test_last_column_zeroed", PROBLEM, configs[:1])],
-    "nan": [[r.status.value, r.message] for r in ev.evaluate("test_never_writes", PROBLEM, configs[:1])],
+    "nan": [[r.status.value, r.message, r.max_rel_err]
+            for r in ev.evaluate("test_never_writes", PROBLEM, configs[:1])],
     "baseline": ev.baseline("matmul", PROBLEM),
     "target": ev.target(), "uuid": ev.gpu_uuid(),
 }
+import torch
+family, ref = MatmulFamily(), torch.tensor([[3.0, 4.0]])
+out["default_error"] = [
+    family.error(PROBLEM, torch.tensor([[3.0, 4.5]], dtype=torch.float16), ref),
+    family.error(PROBLEM, (torch.tensor([3.0]), torch.tensor([4.0, 1.0])),
+                 (torch.tensor([3.0]), torch.tensor([4.0, 0.0]))),
+    family.error(PROBLEM, torch.tensor([[float("nan"), 4.0]]), ref),
+    family.error(PROBLEM, torch.tensor([[float("inf"), 4.0]]), ref),
+]
 try:
     ev.evaluate("matmul", Problem.of({"M": 16, "N": 16, "K": 16, "dtype": "bf16"}), configs[:1])
 except Exception as e:
@@ -127,8 +138,14 @@ def test_wrong_output_is_wrong_result_with_its_error(main_child: dict[str, Any])
 
 
 def test_unwritten_output_never_passes(main_child: dict[str, Any]) -> None:
-    [[status, message]] = main_child["nan"]
-    assert status == "wrong_result" and "NaN" in message
+    [[status, message, err]] = main_child["nan"]
+    assert status == "wrong_result" and "NaN" in message and err == math.inf
+
+
+def test_default_family_error_is_the_relative_frobenius_error_and_inf_for_nan(main_child: dict[str, Any]) -> None:
+    half_off, tuple_summed, nan, inf = main_child["default_error"]
+    assert half_off == pytest.approx(0.5 / 5) and tuple_summed == pytest.approx(1 / 5)  # ||ref|| = 5 both times
+    assert nan == math.inf and inf == math.inf
 
 
 def test_recheck_on_fresh_inputs_passes_for_a_correct_config(main_child: dict[str, Any]) -> None:

@@ -515,6 +515,115 @@ def test_fp8_compare_catches_wrong_scales(specific: dict[str, Any]) -> None:
         assert specific[key][4] > 10 * specific["fp8_tolerance"], key
 
 
+# fp8 through the Evaluator: q written correctly, the scales planted wrong after the launch
+FP8_PLANTED_CHILD = """
+import json
+from tilepilot.experiments import Config
+from tilepilot.kernels import get_family, register
+from tilepilot.kernels.evaluate import Evaluator
+
+ev = Evaluator("interpret", input_sets=2, seed=5)  # TRITON_INTERPRET=1 before any kernel import
+family = get_family("silu_mul_fp8_quant")
+
+
+def planted(label, corrupt):
+    class Planted(type(family)):
+        name = "test_fp8_" + label
+        def launcher(self, problem, config, inputs, out, compiled):
+            run = super().launcher(problem, config, inputs, out, compiled)
+            def buggy():
+                run()
+                corrupt(*out)
+            return buggy
+    register(Planted)
+    return Planted.name
+
+
+def times_1_5(q, s):
+    s.mul_(1.5)
+
+
+def rows_swapped(q, s):  # the rows with the largest and the smallest scale trade places
+    i, j = int(s[:, 0].argmax()), int(s[:, 0].argmin())
+    s[[i, j]] = s[[j, i]]
+
+
+def one_nan(q, s):
+    s[-1, -1] = float("nan")
+
+
+def small_row_q_zeroed(q, s):  # the row that weighs least in the dequantised values
+    q[int(s.amax(dim=1).argmin())] = 0
+
+
+p = family.parse_problem({"T": 5, "H": 384, "dtype": "fp16"})
+config = Config.of({"GROUPS_PER_PROGRAM": 2, "ROWS_PER_PROGRAM": 2, "num_warps": 2, "num_stages": 2})
+out = {"tolerance": family.tolerance(p)}
+for label, corrupt in (("correct", lambda q, s: None), ("scales_x1.5", times_1_5), ("rows_swapped", rows_swapped),
+                       ("scale_nan", one_nan), ("small_row_q_zeroed", small_row_q_zeroed)):
+    name = planted(label, corrupt)
+    [r] = ev.evaluate(name, p, [config])
+    out[label] = [r.status.value, r.max_rel_err, r.message, ev.recheck(name, p, config).passed]
+
+# a correct kernel's float32 differs from torch's: y perturbed by 1e-6 relative, quantised by the same
+# formula, on a shape whose one-step flips weigh the most beside the tolerance (1 group a row, 256 rows)
+import torch
+from tilepilot.kernels.fp8_quant import EPS, FP8_MAX
+p = family.parse_problem({"T": 256, "H": 128, "dtype": "fp16"})
+errors, flips = [], 0
+for seed in range(40):
+    x = family.make_inputs(p, seed, "cpu")
+    xf = x[0].float()
+    y = torch.nn.functional.silu(xf[:, :128]) * xf[:, 128:]
+    y = y * (1 + 1e-6 * torch.randn(y.shape, generator=torch.Generator().manual_seed(seed)))
+    s = y.abs().amax(dim=1).clamp(min=EPS) / FP8_MAX
+    q = (y / s[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    check = family.compare((q, s[:, None]), family.reference(p, x))
+    errors.append(family.error(p, (q, s[:, None]), family.reference(p, x)))
+    flips += check.off_by_ulps
+out["rounding"] = {"tolerance": family.tolerance(p), "max_error": max(errors), "flips": flips}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def fp8_planted() -> dict[str, Any]:
+    result: dict[str, Any] = run_child(FP8_PLANTED_CHILD)
+    return result
+
+
+def test_fp8_correct_output_passes_the_family_error(fp8_planted: dict[str, Any]) -> None:
+    status, err, message, rechecked = fp8_planted["correct"]
+    assert (status, message, rechecked) == ("ok", "", True)
+    assert 0 <= err < fp8_planted["tolerance"]
+
+
+@pytest.mark.parametrize("planted", ["scales_x1.5", "rows_swapped"])
+def test_fp8_correct_q_with_wrong_scales_is_wrong_result(fp8_planted: dict[str, Any], planted: str) -> None:
+    status, err, message, rechecked = fp8_planted[planted]
+    assert status == "wrong_result" and err > 10 * fp8_planted["tolerance"], (planted, err)
+    assert message.startswith("relative error") and not rechecked
+
+
+def test_fp8_q_zeroed_in_the_row_of_smallest_scale_is_wrong_result(fp8_planted: dict[str, Any]) -> None:
+    # that row weighs ~1/4096 of the largest in the dequantised values; in fp8 units it weighs alike
+    status, err, message, rechecked = fp8_planted["small_row_q_zeroed"]
+    assert status == "wrong_result" and err > 10 * fp8_planted["tolerance"], err
+    assert message.startswith("relative error") and not rechecked
+
+
+def test_fp8_tolerance_leaves_room_for_a_correct_kernels_rounding_flips(fp8_planted: dict[str, Any]) -> None:
+    rounding = fp8_planted["rounding"]
+    assert rounding["flips"] > 0  # the perturbation does move elements one fp8 step
+    assert rounding["max_error"] < rounding["tolerance"], rounding
+
+
+def test_fp8_nan_in_one_scale_is_wrong_result(fp8_planted: dict[str, Any]) -> None:
+    status, err, message, rechecked = fp8_planted["scale_nan"]
+    assert status == "wrong_result" and "NaN" in message and not rechecked
+    assert err == float("inf")
+
+
 def test_fp8_vllm_fallback_launch_is_in_the_space() -> None:
     family = registry.get_family("silu_mul_fp8_quant")
     fallback = Config.of({"GROUPS_PER_PROGRAM": 1, "ROWS_PER_PROGRAM": 1, "num_warps": 1, "num_stages": 1})

@@ -58,7 +58,7 @@ class Result:
     env: Environment
     timing: Timing | None = None  # set exactly when status is OK
     message: str = ""  # the error, for every status but OK
-    max_rel_err: float | None = None
+    max_rel_err: float | None = None  # the family's error measure (KernelFamily.error); inf for NaN output
     compile_ms: float | None = None
     telemetry: Telemetry = field(default_factory=Telemetry)
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. n_regs, shared_bytes

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import math
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -106,7 +107,19 @@ class KernelFamily(ABC):
 
     @abstractmethod
     def tolerance(self, problem: Problem) -> float:
-        """Largest accepted ||out - ref|| / ||ref|| for the problem's dtype."""
+        """Largest accepted `error(problem, out, ref)` for the problem (its dtype, its size)."""
+
+    def error(self, problem: Problem, out: Any, ref: Any) -> float:
+        """How far an output is from the reference: the number the evaluator holds against
+        `tolerance(problem)` and records as the result's `max_rel_err` (the largest over the
+        input sets). Never NaN: an output with NaN or inf, or any error that is not a finite
+        number, is `math.inf`, so that it can never pass.
+
+        Default: `relative_error(out, ref)`, ||out - ref|| / ||ref|| over all outputs together.
+        Override it where that norm hides a part of the output (small scales beside large
+        values); `tolerance` must then be stated in the same measure.
+        """
+        return relative_error(out, ref)
 
     @abstractmethod
     def launcher(self, problem: Problem, config: Config, inputs: tuple[Any, ...], out: Any,
@@ -117,3 +130,20 @@ class KernelFamily(ABC):
     def baseline(self, problem: Problem, inputs: tuple[Any, ...], out: Any) -> Callable[[], None] | None:
         """The vendor library doing the same work (cuBLAS for matmul), or None."""
         return None
+
+
+def relative_error(out: Any, ref: Any) -> float:
+    """||out - ref|| / ||ref|| in float32 or wider, over all outputs together (a tuple or list of
+    tensors counts as one vector); ||out - ref|| where the reference is all zeros. `math.inf`
+    when the result is not finite (NaN or inf in the output)."""
+    import torch
+
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    num = den = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        r = r if r.dtype in (torch.float32, torch.float64) else r.float()
+        num += float(torch.linalg.vector_norm(o.to(r.dtype) - r)) ** 2
+        den += float(torch.linalg.vector_norm(r)) ** 2
+    err = math.sqrt(num / den) if den > 0 else math.sqrt(num)
+    return err if math.isfinite(err) else math.inf

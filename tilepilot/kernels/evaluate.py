@@ -7,9 +7,14 @@ the space's constraints (`invalid`); compile (GPU: ahead of time, normally a hit
 on-disk cache; `compile_error`); shared memory against the device limit, or Triton's
 OutOfResources at load (`out_of_resources`); verification on every input set of the problem
 (inputs and reference made once per problem and cached; the output poisoned with NaN before
-each launch; ||out - ref|| / ||ref|| against the family's tolerance, NaN never passes:
-`wrong_result`). Then the verified configs are timed together, interleaved (see timing.py),
-and NVML is read once right after (SM clock, power, temperature).
+each launch; `family.error(problem, out, ref)` against `family.tolerance(problem)`, NaN or inf
+never passes: `wrong_result`). Then the verified configs are timed together, interleaved (see
+timing.py), and NVML is read once right after (SM clock, power, temperature).
+
+`max_rel_err` in a Result or a Check is the family's error measure (`KernelFamily.error`:
+||out - ref|| / ||ref|| over all outputs unless the family says otherwise), the largest over
+the input sets for a verified config, the failing one's for `wrong_result`; inf when the output
+had NaN or inf.
 
 A sticky CUDA error raises StickyCudaError(index, message): the caller records `crashed` for
 that config and replaces the process. torch.cuda.OutOfMemoryError is `oom` (memory freed, the
@@ -84,6 +89,8 @@ class CompileOutcome:
 
 @dataclass(frozen=True)
 class Check:
+    """A re-check on fresh inputs; `max_rel_err` is the family's error measure (see above)."""
+
     passed: bool
     max_rel_err: float
     message: str
@@ -270,10 +277,10 @@ class Evaluator:
         try:
             launches = [family.launcher(problem, config, inputs, data.out, compiled) for inputs in data.inputs]
             for s, fn in enumerate(launches):
-                errors.append(self._checked_launch(fn, data.out, data.refs[s]))
+                errors.append(self._checked_launch(family, problem, fn, data.out, data.refs[s]))
                 if not _passes(errors[-1], data.tolerance):
                     return self._failed(problem, config, Status.WRONG_RESULT,
-                                        _wrong_message(errors[-1], data.tolerance, s),
+                                        _wrong_message(errors[-1], data.tolerance, s, data.out),
                                         max_rel_err=errors[-1], compile_ms=compile_ms, extra=extra)
         except Exception as e:
             status = self._launch_failure(i, e)
@@ -282,14 +289,18 @@ class Evaluator:
             extra.update(n_regs=getattr(compiled, "n_regs", None), n_spills=getattr(compiled, "n_spills", None))
         return _Verified(i, launches, max(errors), compile_ms, extra)
 
-    def _checked_launch(self, fn: Callable[[], None], out: Any, ref: Any) -> float:
+    def _checked_launch(self, family: KernelFamily, problem: Problem, fn: Callable[[], None], out: Any,
+                        ref: Any) -> float:
+        """Poison the output, launch once, and the family's error of the output (inf where the
+        family's error is not a finite number)."""
         import torch
 
         _poison(out)
         fn()
         if self.backend == "gpu":
             torch.cuda.synchronize()
-        return _rel_err(out, ref)
+        err = float(family.error(problem, out, ref))
+        return err if math.isfinite(err) else math.inf
 
     def _launch_failure(self, i: int, e: Exception) -> Status:
         """The status of a known launch failure; raises StickyCudaError or the exception itself."""
@@ -391,10 +402,15 @@ def _shared_message(shared: int, target: Target) -> str:
     return f"needs {shared} B of shared memory, more than the {target.max_shared_bytes} B a block can have"
 
 
-def _wrong_message(err: float, tol: float, input_set: int) -> str:
-    if math.isnan(err):
-        return f"output has NaN (an element not written, or NaN computed) on input set {input_set}"
+def _wrong_message(err: float, tol: float, input_set: int, out: Any) -> str:
+    bad = 0 if math.isfinite(err) else _nonfinite(out)
+    if bad:
+        return f"output has {bad} NaN or inf element(s) (not written, or computed so) on input set {input_set}"
     return f"relative error {err:.3g} > tolerance {tol:.3g} on input set {input_set}"
+
+
+def _nonfinite(out: Any) -> int:
+    return sum(int((~t.float().isfinite()).sum()) for t in (out if isinstance(out, (tuple, list)) else (out,)))
 
 
 def _passes(err: float, tol: float) -> bool:
@@ -404,20 +420,6 @@ def _passes(err: float, tol: float) -> bool:
 def _poison(out: Any) -> None:
     for t in out if isinstance(out, (tuple, list)) else (out,):
         t.fill_(float("nan"))
-
-
-def _rel_err(out: Any, ref: Any) -> float:
-    """||out - ref|| / ||ref|| over all outputs, in float32 or wider."""
-    import torch
-
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
-    num = den = 0.0
-    for o, r in zip(outs, refs, strict=True):
-        r = r if r.dtype in (torch.float32, torch.float64) else r.float()
-        num += float(torch.linalg.vector_norm(o.to(r.dtype) - r)) ** 2
-        den += float(torch.linalg.vector_norm(r)) ** 2
-    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
 def _with_telemetry(result: Result, tele: Telemetry) -> Result:
