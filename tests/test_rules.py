@@ -161,3 +161,11 @@ def test_a_row_stride_not_divisible_by_16_is_named_and_costs_time() -> None:
     assert estimate(unaligned, c).predicted_ms > 2 * estimate(aligned, c).predicted_ms
     why = RulesProposer(ProposerContext("matmul", unaligned, UNCHECKED, 0, 8)).propose(SearchState(), 1)[0].rationale
     assert "not a multiple of 16: loads of A, B not vectorised" in why
+
+
+def test_another_device_is_named_as_an_assumption() -> None:
+    ctx = ProposerContext("matmul", SQUARE, UNCHECKED, seed=0, budget=8, device="NVIDIA H200")
+    assert "ceilings of NVIDIA H100 SXM assumed, results from NVIDIA H200" in RulesProposer(ctx).propose(
+        SearchState(), 1)[0].rationale
+    h100 = ProposerContext("matmul", SQUARE, UNCHECKED, seed=0, budget=8, device="NVIDIA H100 80GB HBM3")
+    assert "assumed" not in RulesProposer(h100).propose(SearchState(), 1)[0].rationale

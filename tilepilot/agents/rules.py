@@ -62,6 +62,8 @@ class RulesProposer(Proposer):
         self.constants = constants
         self.settings = settings or RulesSettings()
         self.roofline = problem_roofline(ctx.problem, device)
+        self._device_note = ("" if not ctx.device or "H100" in ctx.device
+                             else f"; ceilings of {device.name} assumed, results from {ctx.device}")
         self._results: dict[Config, Result] = {}
         self._pool: list[Config] | None = None  # valid configs the model lets launch, in prior order
         self._est: dict[Config, Estimate | None] = {}
@@ -213,7 +215,10 @@ class RulesProposer(Proposer):
     # ---- explaining ----------------------------------------------------------------
     def _why(self, config: Config, predicted: float, std: float, best: Result | None, measured: int) -> str:
         est = self.estimate(config)
-        reason = describe(est, self.roofline, self.device) if est else "no tile model for this space"
+        if est is None:
+            reason = "no tile model for this space"
+        else:
+            reason = describe(est, self.roofline, self.device) + self._device_note
         if self._penalty(config):
             reason += "; ranked down: near a config that failed to run"
         if measured:
