@@ -263,3 +263,113 @@ def test_wait_for_reports_what_the_page_showed(browser: Chromium):
     tab = browser.open("about:blank")
     with pytest.raises(AssertionError, match="never showed"):
         browser.wait_for(tab, "not on a blank page", timeout=0.5)
+
+
+# -- Hypotheses and knowledge graph ----------------------------------------------------------------
+
+# Streamlit draws tables on a canvas; the rows in view are also written to an accessible <table>.
+TABLES_JS = ("Array.from(document.querySelectorAll('[data-testid=\"stDataFrame\"] table'))"
+             ".map(t => t.textContent).join('\\n')")
+# The graph is an SVG: each node is a path whose aria-label lists its fields, its id last.
+NODES_JS = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] svg path[aria-label]'))"
+            ".map(p => p.getAttribute('aria-label')).filter(a => a.includes('; id: '))")
+NODE_CENTRE_JS = """(() => {
+  const node = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"] svg path[aria-label]'))
+    .find(p => p.getAttribute('aria-label').endsWith('; id: %s'));
+  if (!node) return null;
+  if (%s) node.scrollIntoView({block: 'center'});
+  const r = node.getBoundingClientRect();
+  return [r.x + r.width / 2, r.y + r.height / 2];
+})()"""
+
+
+def wait_for_tables(browser: Chromium, tab: str, *needles: str, timeout: float = WAIT_S) -> str:
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = browser.eval(tab, TABLES_JS) or ""
+        if all(n in seen for n in needles):
+            return seen
+        time.sleep(0.25)
+    raise AssertionError(f"tables never showed {[n for n in needles if n not in seen]}; they show:\n{seen}")
+
+
+def node_centre(browser: Chromium, tab: str, node: str, *, scroll: bool = True) -> tuple[float, float]:
+    """Where `node` is drawn, in the tab's viewport (scrolled into the middle of it first)."""
+    xy = browser.eval(tab, NODE_CENTRE_JS % (node, "true" if scroll else "false"))
+    assert xy, f"node {node} is not drawn"
+    return float(xy[0]), float(xy[1])
+
+
+def mouse(browser: Chromium, tab: str, xy: tuple[float, float], *events: str) -> None:
+    for kind in events:
+        browser.send("Input.dispatchMouseEvent", {"type": kind, "x": xy[0], "y": xy[1], "clickCount": 1,
+                                                  "button": "none" if kind == "mouseMoved" else "left"}, tab)
+
+
+@pytest.fixture
+def ledger_server(tmp_path: Path) -> Iterator[tuple[Server, fx.Ledger]]:
+    """A server on the ledger store; the test may write to the store while the page is open."""
+    ledger = fx.build_ledger(tmp_path / "dash.db")
+    port, log = free_port(), tmp_path / "server.log"
+    with log.open("wb") as out:
+        proc = launch.start(str(tmp_path / "dash.db"), port=port, output=out)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield Server(ledger.live, url, port), ledger
+    finally:
+        launch.stop(proc, timeout_s=15)
+        ledger.live.store.close()
+
+
+def test_hypotheses_page_shows_the_ledger_and_follows_a_new_verdict(ledger_server, browser: Chromium):
+    server, ledger = ledger_server
+    tab = browser.open(server.url + "/hypotheses")
+    h = ledger.hypotheses["testing"]  # the one the drill-down opens first
+    browser.wait_for(tab, "Active (2)", "Validated (1)", "Ruled out (1)", "Inconclusive (1)",
+                     f"{h.id} · testing", h.text, "testing: 1 of 5 pairs measured",
+                     "Effect (×)\n\n1.100", "Pairs (a faster)\n\n1 (1)", "Noise\n\n2.0 %",
+                     "numbers: " + text.source("gpu", fx.DEVICE))
+    wait_for_tables(browser, tab, *(x.text for x in ledger.hypotheses.values()))  # every statement, verbatim
+    assert browser.eval(tab, "document.getElementById('injected') === null") is True
+    browser.eval(tab, "window.__tilepilot_same_page = true")
+    ledger.live.store.record_verdict(fx.Verdict(h.id, fx.HypothesisState.VALIDATED, 5, 5, 0, 1.1234, 1.0512, 1.2046,
+                                                0.02, "validated: effect beyond the noise"))
+    browser.wait_for(tab, "Active (1)", "Validated (2)", f"{h.id} · validated", "Effect (×)\n\n1.123",
+                     "95% CI\n\n1.05–1.20", "Pairs (a faster)\n\n5 (5)")
+    assert browser.eval(tab, "window.__tilepilot_same_page === true") is True
+
+
+def test_graph_page_draws_the_store_zooms_and_opens_a_clicked_node(ledger_server, browser: Chromium):
+    server, ledger = ledger_server
+    tab = browser.open(server.url + "/graph")
+    browser.send("Emulation.setDeviceMetricsOverride",
+                 {"width": 1400, "height": 1200, "deviceScaleFactor": 1, "mobile": False}, tab)
+    browser.wait_for(tab, "Learnings (1)", ledger.learning.id, *(h.id for h in ledger.hypotheses.values()))
+    drawn = {label.rpartition("; id: ")[2] for label in browser.eval(tab, NODES_JS)}
+    assert {f"hypothesis:{h.id}" for h in ledger.hypotheses.values()} | {f"learning:{ledger.learning.id}"} <= drawn
+    assert {f"experiment:{k}" for pair in ledger.pairs["validated"] for k in pair[:2]} <= drawn
+
+    hostile = node_centre(browser, tab, f"hypothesis:{ledger.hypotheses['proposed'].id}")
+    mouse(browser, tab, hostile, "mouseMoved")
+    tip = "(document.getElementById('vg-tooltip-element') || {}).textContent || ''"
+    deadline = time.monotonic() + 10
+    while fx.HOSTILE not in browser.eval(tab, tip) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fx.HOSTILE in browser.eval(tab, tip)  # the model's text, verbatim, as text
+    assert browser.eval(tab, "document.getElementById('injected') === null") is True
+
+    target = f"hypothesis:{ledger.hypotheses['ruled_out'].id}"
+    before = node_centre(browser, tab, target)
+    browser.send("Input.dispatchMouseEvent", {"type": "mouseWheel", "x": before[0] + 60, "y": before[1] + 60,
+                                              "deltaX": 0, "deltaY": -400}, tab)
+    deadline = time.monotonic() + 10
+    while node_centre(browser, tab, target, scroll=False) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    after = node_centre(browser, tab, target, scroll=False)
+    assert after[0] < before[0] and after[1] < before[1]  # zoomed in about the pointer: the node moved away
+
+    mouse(browser, tab, node_centre(browser, tab, target), "mouseMoved", "mousePressed", "mouseReleased")
+    browser.wait_for(tab, ledger.hypotheses["ruled_out"].text, "Evidence (2 pair(s): 0 support, 2 refute)",
+                     "ruled out: BLOCK_SIZE_M=128 is faster in every pair")

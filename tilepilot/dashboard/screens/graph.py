@@ -24,6 +24,7 @@ KERNEL_KEY, DEVICE_KEY, SCOPE_KEY, FOCUS_KEY = "graph_kernel", "graph_device", "
 CHART_KEY, OPEN_KEY, TYPED_KEY = "graph_chart", "graph_open", "graph_experiment"
 CENTRE_REQUEST = "graph_centre_request"  # a node id set by "Centre the graph here"
 ACTIVE = ("testing", "proposed")
+PLURAL = {"hypothesis": "hypotheses"}
 RADIUS, PER_NODE = 2, 40  # an experiment's neighbourhood
 
 
@@ -152,7 +153,7 @@ def _option(g: nx.MultiDiGraph) -> Callable[[str], str]:
 def draw(path: str, g: nx.MultiDiGraph, centre: str | None) -> None:
     shown, left_out = network.bounded(g, centre)
     counts = {k: sum(d["kind"] == k for _, d in shown.nodes(data=True)) for k in network.NODE_STYLE}
-    st.caption(" · ".join(f"{n} {k}(s)" for k, n in counts.items() if n)
+    st.caption(" · ".join(f"{n} {k if n == 1 else PLURAL.get(k, k + 's')}" for k, n in counts.items() if n)
                + (f" · {left_out} more node(s) not drawn (at most {network.MAX_NODES})" if left_out else "")
                + " · drag to pan, scroll to zoom, double-click to reset, click a node to open it (the picture "
                "follows the store: turn Live refresh off in the sidebar to hold it while you explore)")
