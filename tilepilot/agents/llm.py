@@ -132,12 +132,16 @@ class LlmProposer(Proposer):
                 self._future = _background().submit(self._call, request)
                 break
             self._fold(self._call(request), served.seen)
-            out += self._serve(served, n - len(out))
+            got = self._serve(served, n - len(out))
+            out += got
+            if got:
+                break
         return out
 
     def close(self) -> None:
         self._collect(SearchState(), block=True)
-        self._client.close()
+        if self.settings.http_client is None:  # a client given in the settings belongs to the caller
+            self._client.close()
 
     def drain_records(self) -> ProposerRecords:
         records = ProposerRecords(tuple(self._records), tuple(self._hypotheses), tuple(self._notes))

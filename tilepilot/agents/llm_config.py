@@ -19,6 +19,7 @@ MODEL_ENV = "TILEPILOT_LLM_MODEL"
 KEY_ENV = "ANTHROPIC_API_KEY"
 DEFAULT_MODEL = "claude-sonnet-5-5"
 MODEL_RE = re.compile(r"^claude-[a-z0-9][a-z0-9.-]{0,63}$")
+_warned: set[str] = set()  # models without a price, warned about once
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ def unavailable_reason() -> str | None:
         model = model_id()
     except ValueError as e:
         return f"proposer 'llm': {e}"
-    if model not in PRICES:
+    if model not in PRICES and model not in _warned:
+        _warned.add(model)
         log.warning("model %s has no price on file: the cost of its calls will be stored as null", model)
     return None
 
