@@ -1,14 +1,16 @@
 """Screenshots of every dashboard page, taken in headless Chromium against the real server.
 
     .venv/bin/python bench/screenshots.py DB [--out docs/img] [--width 1400] [--height 900]
-                                            [--pages overview gpus queue experiments log]
+                                            [--pages overview gpus queue experiments hypotheses graph log]
 
 DB is a tilepilot database (for the README: a gpu campaign's store). It is copied to a
-temporary folder first, so the original is never touched (it may lie in a read-only place).
+temporary folder first, so the original is never touched (it may lie in a read-only place),
+and the copy is brought to the current schema (a store written by an older tilepilot).
 The dashboard serves the copy on 127.0.0.1 at a free port; Chromium (Debian's `chromium`)
 opens each page over the DevTools pipe (see tests/test_dashboard_browser.py), waits for the
-page's own content (not the loading skeleton), lets the charts draw, grows the window to the
-page's full height and writes `OUT/dashboard-<page>.png`, optimised to stay under `MAX_BYTES`.
+page's own content (not the loading skeleton), lets the charts draw, on the knowledge graph
+clicks a validated hypothesis to open its details, grows the window to the page's full height
+and writes `OUT/dashboard-<page>.png`, optimised to stay under `MAX_BYTES`.
 
 The GPUs page shows the NVML samples of the last 5 minutes only: run this within 5 minutes of
 the campaign's end to see the GPU cards, later it shows the page's "No GPU visible" state.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 import logging
 import shutil
 import sys
@@ -33,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.test_dashboard_browser import Chromium, free_port, wait_healthy  # noqa: E402
 from tilepilot.dashboard import launch  # noqa: E402
+from tilepilot.storage import Store  # noqa: E402
 
 log = logging.getLogger("screenshots")
 
@@ -44,8 +48,22 @@ PAGES = {
     "gpus": ("/gpus", ("NVML readings of the last", "No GPU visible")),
     "queue": ("/queue", ("Recently done",)),
     "experiments": ("/experiments", ("Details of", "No experiment matches")),
+    "hypotheses": ("/hypotheses", ("Drill down", "No hypothesis yet")),
+    "graph": ("/graph", ("Learnings (", "No campaign in this database")),
     "log": ("/log", ("newest first",)),
 }
+# pages shown with one node of their chart opened: (text in the node's label, text its details show)
+OPEN_NODE = {"graph": ("result: validated", "Verdict history")}
+NODE_JS = """(() => {
+  const node = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"] svg path[aria-label]'))
+    .find(p => p.getAttribute('aria-label').includes(%s));
+  if (!node) return null;
+  node.scrollIntoView({block: 'center'});
+  const r = node.getBoundingClientRect();
+  return [r.x + r.width / 2, r.y + r.height / 2];
+})()"""
+TO_TOP_JS = ("window.scrollTo(0, 0); document.querySelectorAll('main, section, div')"
+             ".forEach(e => { if (e.scrollTop) e.scrollTop = 0; })")
 # the bottom of the page's lowest element (the block container itself ends in a tall padding)
 MAIN_HEIGHT_JS = ("Math.ceil(Math.max(...Array.from(document.querySelectorAll("
                   "'[data-testid=\"stMainBlockContainer\"] [data-testid=\"stElementContainer\"]'))"
@@ -88,12 +106,29 @@ def shrink(png: bytes, limit: int = MAX_BYTES) -> bytes:
     raise RuntimeError(f"screenshot is {out.tell()} bytes even at 64 colours (limit {limit})")
 
 
+def open_node(browser: Chromium, tab: str, label: str, shows: str) -> None:
+    """Click the first chart node whose label holds `label`, as a user would, and wait for `shows`."""
+    xy = browser.eval(tab, NODE_JS % json.dumps(label))
+    if xy is None:
+        log.warning("no node labelled %r to open: the page is taken as it is", label)
+        return
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        browser.send("Input.dispatchMouseEvent", {"type": kind, "x": xy[0], "y": xy[1], "clickCount": 1,
+                                                  "button": "none" if kind == "mouseMoved" else "left"}, tab)
+    wait_any(browser, tab, (shows,))
+    browser.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": 1, "y": 1}, tab)  # the tooltip goes
+    browser.eval(tab, TO_TOP_JS)
+
+
 def capture(browser: Chromium, url: str, needles: tuple[str, ...], width: int, height: int,
-            full: bool) -> bytes:
+            full: bool, node: tuple[str, str] | None = None) -> bytes:
     tab = browser.open(url)
     viewport(browser, tab, width, height)
     wait_any(browser, tab, needles)
     time.sleep(SETTLE_S)
+    if node is not None:
+        open_node(browser, tab, *node)
+        time.sleep(SETTLE_S)
     if full:
         tall = max(height, int(browser.eval(tab, MAIN_HEIGHT_JS) or height))
         if tall > height:
@@ -113,6 +148,7 @@ def run(db: Path, out: Path, pages: list[str], width: int, height: int, full: bo
     with tempfile.TemporaryDirectory(prefix="tilepilot-shots-") as tmp:
         folder = Path(tmp)
         store = copy_db(db, folder)
+        Store(store).close()  # migrates the copy; the dashboard itself only reads
         port, server_log = free_port(), folder / "server.log"
         with server_log.open("wb") as sink:
             proc = launch.start(str(store), port=port, output=sink)
@@ -123,7 +159,7 @@ def run(db: Path, out: Path, pages: list[str], width: int, height: int, full: bo
             browser = Chromium(binary, folder / "chromium-profile")
             for page in pages:
                 path, needles = PAGES[page]
-                png = shrink(capture(browser, url + path, needles, width, height, full))
+                png = shrink(capture(browser, url + path, needles, width, height, full, OPEN_NODE.get(page)))
                 target = out / f"dashboard-{page}.png"
                 target.write_bytes(png)
                 log.info("%s: %d bytes", target, len(png))

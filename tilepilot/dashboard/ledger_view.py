@@ -25,7 +25,9 @@ X = st.column_config.NumberColumn(format="%.3f")
 COLUMNS = {"effect (×)": st.column_config.NumberColumn(format="%.3f", help=EFFECT_HELP),
            "noise %": st.column_config.NumberColumn(format="%.1f", help=NOISE_HELP),
            "ratio b/a": X, "a (ms)": st.column_config.NumberColumn(format="%.4g"),
-           "b (ms)": st.column_config.NumberColumn(format="%.4g"), "speed-up (×)": X}
+           "b (ms)": st.column_config.NumberColumn(format="%.4g"), "speed-up (×)": X,
+           "statement": st.column_config.TextColumn(width="large"),
+           "learning": st.column_config.TextColumn(width="large")}
 GRAPH_REQUEST = "graph_focus_request"  # read by the Knowledge-graph page: (kernel, node id) to centre on
 
 

@@ -23,9 +23,9 @@ NODE_STYLE: dict[str, tuple[str, str, int]] = {
     "hypothesis": ("#ff7f0e", "diamond", 420),
     "learning": ("#2ca02c", "square", 320),
     "problem": ("#9467bd", "triangle-up", 220),
-    "experiment": ("#1f77b4", "circle", 90),
+    "experiment": ("#1f77b4", "circle", 60),
     "campaign": ("#7f7f7f", "cross", 220),
-    "config": ("#8c564b", "circle", 60),
+    "config": ("#8c564b", "circle", 45),
     "kernel": ("#bcbd22", "circle", 220),
     "device": ("#17becf", "circle", 220),
 }
@@ -108,7 +108,7 @@ def _domain(values: pd.Series) -> list[float]:
     return [lo - pad, hi + pad]
 
 
-def chart(nodes: pd.DataFrame, edges: pd.DataFrame, height: int = 560) -> alt.LayerChart:
+def chart(nodes: pd.DataFrame, edges: pd.DataFrame, height: int = 620) -> alt.LayerChart:
     """Edges under nodes under the hypothesis and learning tags; pan, zoom and a click selection."""
     x = alt.X("x:Q", axis=None, scale=alt.Scale(domain=_domain(nodes["x"]), nice=False, zero=False))
     y = alt.Y("y:Q", axis=None, scale=alt.Scale(domain=_domain(nodes["y"]), nice=False, zero=False))

@@ -1,6 +1,6 @@
 """Knowledge graph: experiments, hypotheses and learnings of one kernel, drawn around a centre.
 
-The overview draws the hypotheses (those being tested first, then the latest judged) with their
+The overview draws the hypotheses (those being tested first, then the validated ones) with their
 evidence experiments and learnings, as many as fit in `network.MAX_NODES`; centred on a
 hypothesis it draws its evidence, configs and learning; centred on an experiment, its
 neighbourhood. Drag to pan, scroll to zoom, click a node to open it below; the learnings follow.
@@ -23,7 +23,7 @@ from tilepilot.storage.ledger import HypothesisRow
 KERNEL_KEY, DEVICE_KEY, SCOPE_KEY, FOCUS_KEY = "graph_kernel", "graph_device", "graph_scope", "graph_focus"
 CHART_KEY, OPEN_KEY, TYPED_KEY = "graph_chart", "graph_open", "graph_experiment"
 CENTRE_REQUEST = "graph_centre_request"  # a node id set by "Centre the graph here"
-ACTIVE = ("testing", "proposed")
+DRAW_ORDER = ("testing", "proposed", "validated", "ruled_out", "inconclusive")
 PLURAL = {"hypothesis": "hypotheses"}
 RADIUS, PER_NODE = 2, 40  # an experiment's neighbourhood
 
@@ -41,12 +41,13 @@ def _with_learning(g: nx.MultiDiGraph, path: str, h: HypothesisRow) -> None:
 
 
 def _hypotheses(path: str, kernel: str, device: str | None, scope: str) -> list[HypothesisRow]:
-    """The hypotheses of the filters, the ones being tested first, then the latest judged."""
+    """The hypotheses of the filters in the order the overview draws them: being tested, proposed,
+    validated (with their learnings), ruled out, inconclusive; the latest updated first in each."""
     rows = ledger_data.hypotheses(path, None, kernel, device)
     if scope.strip():
         wanted = Scope.parse(scope)
         rows = [h for h in rows if h.hypothesis.scope.overlaps(wanted)]
-    return sorted(rows, key=lambda h: (str(h.state) not in ACTIVE, -h.updated_at))
+    return sorted(rows, key=lambda h: (DRAW_ORDER.index(str(h.state)), -h.updated_at))
 
 
 def overview(path: str, kernel: str, device: str | None, scope: str) -> tuple[nx.MultiDiGraph, int]:
