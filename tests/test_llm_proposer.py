@@ -32,9 +32,10 @@ from tilepilot.agents.llm import LlmProposer, LlmSettings
 from tilepilot.agents.llm_config import PRICES
 from tilepilot.agents.portfolio import PortfolioProposer
 from tilepilot.agents.registry import get_proposer
-from tilepilot.experiments import Config, InputError
+from tilepilot.experiments import Campaign, Config, InputError
+from tilepilot.experiments.llm_call import LlmCall
 from tilepilot.orchestrator.tune import TuneOptions, plan, tune
-from tilepilot.storage import open_db
+from tilepilot.storage import Store, open_db, schema
 from tilepilot.storage.llm_calls import llm_calls, llm_usage
 
 CANARY = "sk-ant-CANARY-5f2e9c1d-never-store-me"
@@ -563,3 +564,46 @@ def test_portfolio_with_a_key_runs_llm_in_the_background_and_records_its_calls(
         calls = llm_calls(db)
         assert calls and len(calls) == len(api.requests) and all(r.call.ok for r in calls)
         assert db.rows("SELECT COUNT(*) AS n FROM events WHERE kind = 'proposer'")[0]["n"] == 0
+
+
+# ---- storage ------------------------------------------------------------------------------------------
+
+def test_a_version_2_database_migrates_to_the_llm_calls_table(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    db = schema.connect(path, readonly=False)
+    for step in schema.MIGRATIONS[:2]:
+        step(db)
+    db.execute("PRAGMA user_version=2")
+    db.close()
+    with Store(path) as s:
+        assert schema.schema_version(s.db) == schema.SCHEMA_VERSION == 3
+        assert "llm_calls" in s.db.table_names()
+
+
+def test_llm_calls_round_trip_and_add_up(tmp_path: Path) -> None:
+    answered = LlmCall(ts=1.5, problem_key=PROBLEM.key(), model="claude-sonnet-5-5", input_tokens=1000,
+                       output_tokens=100, cache_read_tokens=10, cache_creation_tokens=0, cost_usd=0.003,
+                       stop_reason="end_turn", request_id="req_1", error="", duration_ms=12.5, proposals_accepted=3,
+                       proposals_rejected=1, hypotheses_stated=1, rejected_reasons=("proposal 4: 'x' <b>",),
+                       learnings=("K ≥ 4096 likes 4 stages",))
+    unpriced = LlmCall(ts=2.0, problem_key=PROBLEM.key(), model="claude-future-9", input_tokens=10, output_tokens=5,
+                       cache_read_tokens=0, cache_creation_tokens=0, cost_usd=None, stop_reason="end_turn",
+                       request_id=None, error="", duration_ms=3.0)
+    failed = LlmCall(ts=3.0, problem_key=PROBLEM.key(), model="claude-sonnet-5-5", input_tokens=None,
+                     output_tokens=None, cache_read_tokens=None, cache_creation_tokens=None, cost_usd=None,
+                     stop_reason=None, request_id="req_3", error="HTTP 529 InternalServerError: Overloaded",
+                     duration_ms=40.0)
+    with Store(tmp_path / "t.db") as store:
+        cid = store.create_campaign(Campaign("c", "toy", "llm", 4, 0, (PROBLEM,)), backend="replay", dataset="",
+                                    device="synthetic")
+        for call in (answered, unpriced, failed):
+            store.add_llm_call(cid, call)
+        assert [r.call for r in store.llm_calls(cid)] == [failed, unpriced, answered]  # newest first
+    with open_db(tmp_path / "t.db") as db:
+        assert [r.call for r in llm_calls(db, campaign="c", limit=1)] == [failed]
+        usage = llm_usage(db)
+        assert (usage.calls, usage.failed, usage.unpriced) == (3, 1, 1)
+        assert (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens) == (1010, 105, 10)
+        assert usage.cost_usd == pytest.approx(0.003) and usage.proposals_accepted == 3
+        with pytest.raises(InputError, match="no campaign 'nope'"):
+            llm_calls(db, campaign="nope")

@@ -28,6 +28,7 @@ the model; `close` waits for a call in flight so that its cost is recorded.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,7 +57,7 @@ class LlmSettings:
     model: str | None = None  # None: TILEPILOT_LLM_MODEL, else llm_config.DEFAULT_MODEL
     api_key: str | None = None  # None: ANTHROPIC_API_KEY
     per_call: int = 8  # configs asked for in one call, at least
-    max_calls: int = 12  # per problem
+    max_calls: int | None = None  # per problem; None: enough to fill the budget twice over, plus 2
     max_failures: int = 3  # calls in a row that bring no config before the proposer stops calling
     wait: bool = True  # False: call in the background, never hold up a round
     timeout_s: float = 90.0  # per HTTP request
@@ -107,6 +108,7 @@ class LlmProposer(Proposer):
         self._constraints: list[str] | None = None
         self._future: Future[_Answer] | None = None
         self._calls = 0
+        self._max_calls = self.settings.max_calls or 2 * math.ceil(ctx.budget / self.settings.per_call) + 2
         self._fruitless = 0  # calls in a row that brought no config
         self._records: list[LlmCall] = []
         self._hypotheses: list[Hypothesis] = []
@@ -150,7 +152,7 @@ class LlmProposer(Proposer):
 
     # ---- calls ---------------------------------------------------------------------------------
     def _may_call(self) -> bool:
-        return self._calls < self.settings.max_calls and self._fruitless < self.settings.max_failures
+        return self._calls < self._max_calls and self._fruitless < self.settings.max_failures
 
     def _request(self, state: SearchState, want: int) -> _Request:
         import anthropic
@@ -172,14 +174,13 @@ class LlmProposer(Proposer):
                 output_config={"format": {"type": "json_schema", "schema": request.schema}})
         except anthropic.APIStatusError as e:
             return self._failed(ts, t0, request, _status_error(e), e.request_id)
-        except anthropic.APIConnectionError as e:  # APITimeoutError included
-            return self._failed(ts, t0, request, f"{type(e).__name__}: {e.message}", None)
-        except anthropic.APIResponseValidationError as e:
-            return self._failed(ts, t0, request, f"{type(e).__name__}: {e.message}", None)
+        except (anthropic.APIConnectionError, anthropic.APIResponseValidationError) as e:  # timeouts included
+            return self._failed(ts, t0, request, clean_text(f"{type(e).__name__}: {e.message}", MAX_REASON), None)
         u = message.usage
         usage = (u.input_tokens, u.output_tokens, u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0)
         text = "".join(block.text for block in message.content if block.type == "text")
         error = "the model refused to answer (stop_reason refusal)" if message.stop_reason == "refusal" else ""
+        # `_request_id` is how the SDK exposes the request-id header on a response object
         return _Answer(ts, text, message.stop_reason, message._request_id, usage, error,
                        (time.monotonic() - t0) * 1e3, request.want)
 

@@ -1,12 +1,12 @@
 """What the `llm` proposer tells the model: a fixed system prompt and one JSON document of data.
 
 The document holds the kernel, the device, the problem, the space (names, choices, and the
-constraints as text: each constraint's own one-line description and the reasons it gives on
-this problem), the budget, the best results so far, the failures with their messages (cleaned
-and capped), every config tried or queued, the hypotheses and learnings of the ledger that
-concern this problem, and what was rejected from the model's previous reply. Everything in it
-is data; the system prompt says so, and the reply is checked as untrusted input anyway
-(`llm_schema.read_reply`).
+constraints as text: each constraint's own one-line description, how many configs it rules
+out here and an example), the budget, the best results so far, the failures
+with their messages (cleaned and capped), every config tried or queued, the hypotheses and
+learnings of the ledger that concern this problem, the model's own earlier learnings, and what
+was rejected from its previous reply. Everything in it is data; the system prompt says so, and
+the reply is checked as untrusted input anyway (`llm_schema.read_reply`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ MAX_FAILURES = 15
 MAX_TRIED = 300
 MAX_LEDGER = 12
 MAX_MESSAGE = 200
-MAX_REASONS = 8  # distinct constraint reasons shown
 
 SYSTEM = """You tune GPU kernel configurations for tilepilot, working like a careful performance engineer.
 
@@ -86,22 +85,27 @@ def user_message(ctx: ProposerContext, state: SearchState, want: int, memory: Me
 
 
 def constraint_text(space: SearchSpace, ctx: ProposerContext) -> list[str]:
-    """The constraints as text: each one's first docstring line, and the reasons they give here."""
-    out = []
-    for c in space.constraints:
-        doc = inspect.getdoc(c)
-        if doc:
-            out.append(clean_text(doc.splitlines()[0], 300))
-    reasons: dict[str, int] = {}
-    invalid = 0
+    """The constraints as text: for each, its first docstring line, how many configs it rules out
+    for this problem (the first constraint a config breaks counts), and one example with its reason."""
+    ruled_out = [0] * len(space.constraints)
+    example: dict[int, tuple[Config, str]] = {}
     for config in space:
-        why = space.check(config, ctx.problem)
-        if why:
-            invalid += 1
-            reasons[why] = reasons.get(why, 0) + 1
-    out.append(f"{invalid} of {space.size} configs of the space are invalid for this problem")
-    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:MAX_REASONS]:
-        out.append(f"{n} config(s) invalid because: {clean_text(why, MAX_MESSAGE)}")
+        for i, c in enumerate(space.constraints):
+            why = c(config, ctx.problem)
+            if why:
+                ruled_out[i] += 1
+                example.setdefault(i, (config, why))
+                break
+    out = [f"{sum(ruled_out)} of {space.size} configs of the space are invalid for this problem"]
+    for i, c in enumerate(space.constraints):
+        doc = inspect.getdoc(c)
+        what = clean_text(doc.splitlines()[0], 300).rstrip(".") if doc else "(no description)"
+        line = f"constraint {i + 1}: {what}"
+        line += f"; rules out {ruled_out[i]} config(s) here"
+        if i in example:
+            config, why = example[i]
+            line += f", e.g. {config.label()}: {clean_text(why, MAX_MESSAGE)}"
+        out.append(line)
     return out
 
 
