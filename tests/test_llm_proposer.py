@@ -343,6 +343,19 @@ def test_a_refusal_is_recorded_as_an_error_and_brings_no_config() -> None:
     assert answered.ok
 
 
+def test_thinking_blocks_are_skipped_and_a_cut_off_reply_says_so() -> None:
+    thought = message(reply(proposal(toy())))
+    body = json.loads(thought.content)
+    body["content"].insert(0, {"type": "thinking", "thinking": "BLOCK_M=256 would waste rows", "signature": "c2ln"})
+    cut = message('{"proposals": [{"config": {"BLOCK_M": 64, "BLOCK', stop_reason="max_tokens")
+    p = make(Api(cut, httpx2.Response(200, json=body)))
+    assert [c.config for c in p.propose(SearchState(), 1)] == [Config.of(toy())]
+    first, second = p.drain_records().llm_calls
+    assert first.rejected_reasons[0] == "the reply was cut off at max_tokens (8192)"
+    assert first.rejected_reasons[1].startswith("reply is not JSON") and first.stop_reason == "max_tokens"
+    assert second.ok and second.proposals_accepted == 1 and "BLOCK_M=256 would waste" not in str(second)
+
+
 # ---- API errors --------------------------------------------------------------------------------------
 
 def test_overloaded_then_success_is_retried_by_the_sdk() -> None:

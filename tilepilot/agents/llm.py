@@ -204,6 +204,8 @@ class LlmProposer(Proposer):
         self._buffer.extend(replace(p, rationale=self._scrub(p.rationale), tests=self._scrub(p.tests))
                             for p in reply.proposals)
         self._hypotheses.extend(replace(h, rationale=self._scrub(h.rationale)) for h in reply.hypotheses)
+        if answer.stop_reason == "max_tokens":
+            reply.rejected.insert(0, f"the reply was cut off at max_tokens ({self.settings.max_tokens})")
         reasons = tuple(self._scrub(r) for r in reply.rejected)
         learnings = tuple(self._scrub(t) for t in reply.learnings)
         self._memory = Memory(rejected=reasons[:MEMORY_REASONS], notes=(self._memory.notes + learnings)[-MEMORY_NOTES:])
