@@ -89,7 +89,7 @@ def merge_file(target: str | Path, source: str | Path) -> MergeReport:
     source, target = Path(source), Path(target)
     src = open_source(source)
     try:
-        if target.exists() and source.resolve() == target.resolve():
+        if target.exists() and source.samefile(target):
             raise InputError(f"cannot merge {str(source)!r} into itself")
         with Store(target) as store:
             return merge(store, src, source_label=str(source.resolve()), stem=source.stem)
@@ -126,11 +126,15 @@ def open_source(path: Path) -> sqlite_utils.Database:
 def merge(store: Store, src: sqlite_utils.Database, *, source_label: str, stem: str) -> MergeReport:
     """Fold `src` into `store` in one transaction; returns what was added and changed."""
     report = MergeReport(source=source_label, target=str(store.path))
-    with store.transaction():
-        _Merger(store.db, src, report, stem).run()
-        if report.changed:
-            _log(store.db, "merged_from", f"merged {source_label}: " + describe(report),
-                 None, {**report.summary(), "merged_at": time.time()})
+    src.conn.execute("BEGIN")  # one read snapshot of the source, even while a campaign writes to it
+    try:
+        with store.transaction():
+            _Merger(store.db, src, report, stem).run()
+            if report.changed:
+                _log(store.db, "merged_from", f"merged {source_label}: " + describe(report),
+                     None, {**report.summary(), "merged_at": time.time()})
+    finally:
+        src.conn.execute("ROLLBACK")
     return report
 
 
