@@ -413,7 +413,9 @@ def test_show_in_the_knowledge_graph_centres_the_graph_on_the_hypothesis(monkeyp
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value == "Knowledge graph"
     assert at.selectbox(key="graph_focus").value == f"hypothesis:{h.id}"
+    assert at.selectbox(key="graph_open").value == f"hypothesis:{h.id}"  # and opened
     assert f"learning:{ledger.learning.id}" in graph_nodes(at)["id"].tolist()
+    assert ledger.learning.text in texts(at)
 
 
 # -- Knowledge graph ------------------------------------------------------------------------------
@@ -492,6 +494,7 @@ def test_opening_an_experiment_shows_its_links_and_centres_the_graph_on_it(monke
         json.loads(j.value) for j in at.json]
     at.button(key="graph_centre").click().run()
     assert at.selectbox(key="graph_focus").value == f"experiment:{key_a}"
+    assert at.selectbox(key="graph_open").value == f"experiment:{key_a}"
     nodes = graph_nodes(at)
     assert f"experiment:{key_a}" in set(nodes["id"])
     assert f"hypothesis:{ledger.hypotheses['validated'].id}" in set(nodes["id"])

@@ -358,6 +358,8 @@ def test_graph_page_draws_the_store_zooms_and_opens_a_clicked_node(ledger_server
     while fx.HOSTILE not in browser.eval(tab, tip) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert fx.HOSTILE in browser.eval(tab, tip)  # the model's text, verbatim, as text
+    mouse(browser, tab, hostile, "mousePressed", "mouseReleased")
+    browser.wait_for(tab, f"model says {fx.HOSTILE}", "Evidence (0 pair(s): 0 support, 0 refute)")
     assert browser.eval(tab, "document.getElementById('injected') === null") is True
 
     target = f"hypothesis:{ledger.hypotheses['ruled_out'].id}"

@@ -218,14 +218,16 @@ def _centre_on_typed() -> None:
 
 
 def _take_requests() -> None:
-    """A centre asked for by a button (here, or on the Hypotheses page) becomes the chosen one."""
+    """A centre asked for by a button (here, or on the Hypotheses page) becomes the chosen one,
+    and its node stays open."""
     request = st.session_state.pop(ledger_view.GRAPH_REQUEST, None)
     if request:
         st.session_state[KERNEL_KEY], st.session_state[FOCUS_KEY] = request
         st.session_state[DEVICE_KEY] = None
+        st.session_state[OPEN_KEY] = request[1]
     centre = st.session_state.pop(CENTRE_REQUEST, None)
     if centre:
-        st.session_state[FOCUS_KEY] = centre
+        st.session_state[FOCUS_KEY] = st.session_state[OPEN_KEY] = centre
 
 
 def main() -> None:
