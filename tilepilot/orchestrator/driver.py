@@ -267,10 +267,9 @@ class Driver:
                 cand = self.candidates.pop(qid)
                 self._store_result(cand, result, reused=False, queue_id=qid)
             if self.on_progress:
-                best = {p: r.state.best().median_ms for p, r in self.runs.items()  # type: ignore[union-attr]
-                        if r.state.best() is not None}
-                total = self.campaign.budget * len(self.runs)
-                self.on_progress(Progress(self._done(), total, best))  # type: ignore[arg-type]
+                bests = {p: r.state.best() for p, r in self.runs.items()}
+                best_ms = {p: b.median_ms for p, b in bests.items() if b is not None and b.median_ms is not None}
+                self.on_progress(Progress(self._done(), self.campaign.budget * len(self.runs), best_ms))
 
     def _store_result(self, cand: Candidate, result: Result, *, reused: bool, queue_id: int | None) -> None:
         run = self.runs[cand.problem]
