@@ -1,6 +1,7 @@
 # Two entry points: `make demo` and `make test`. Both create .venv if it is missing.
 # torch is pinned first so that a CPU-only machine takes the CPU build and never the
-# multi-GB CUDA wheels; on a GPU machine, set TORCH= to keep the torch you have, e.g.
+# multi-GB CUDA wheels (TORCH may carry pip arguments, e.g. an index with CPU builds);
+# on a GPU machine, set TORCH= to keep the torch you have, e.g.
 #   make demo VENV_FLAGS=--system-site-packages TORCH=
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +14,7 @@ STAMP := $(VENV)/.tilepilot-installed
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
-	$(if $(TORCH),$(PY) -m pip install -q "$(TORCH)")
+	$(if $(TORCH),$(PY) -m pip install -q $(TORCH))
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
