@@ -123,3 +123,13 @@ def test_loading_families_imports_neither_torch_nor_triton() -> None:
         print(json.dumps(["torch" in sys.modules, "triton" in sys.modules]))
     """)
     assert json.loads(out) == [False, False]
+
+
+def test_every_family_with_a_baseline_names_it() -> None:
+    from tilepilot.kernels.base import KernelFamily
+
+    for name in registry.family_names():
+        family = registry.get_family(name)
+        has_baseline = type(family).baseline is not KernelFamily.baseline
+        assert bool(family.baseline_name) == has_baseline, name
+    assert registry.get_family("matmul").baseline_name == "cuBLAS (torch.matmul)"

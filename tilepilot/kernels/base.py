@@ -53,6 +53,7 @@ class KernelFamily(ABC):
     description: ClassVar[str]
     dtypes: ClassVar[tuple[str, ...]]
     l2_flush: ClassVar[bool]  # flush L2 between timed repetitions (cold) or not (warm)
+    baseline_name: ClassVar[str] = ""  # what `baseline` runs, as shown beside the winners
 
     # ---- CPU side: no torch, no triton --------------------------------------------------
     @abstractmethod

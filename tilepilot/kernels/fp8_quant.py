@@ -173,6 +173,7 @@ def _fp8_order(q: Any) -> Any:
 
 class SiluMulFp8QuantFamily(KernelFamily):
     name: ClassVar[str] = "silu_mul_fp8_quant"
+    baseline_name: ClassVar[str] = "eager PyTorch, unfused"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = ("silu(x[:, :H]) * x[:, H:] quantised to fp8 e4m3 with one float32 scale "
                                   "per 128-column group (fused SwiGLU + per-token-group quant)")

@@ -50,6 +50,7 @@ def shared_memory_fits(config: Config, problem: Problem) -> str | None:
 
 class MatmulFamily(KernelFamily):
     name: ClassVar[str] = "matmul"
+    baseline_name: ClassVar[str] = "cuBLAS (torch.matmul)"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = "C = A @ B, bf16/fp16 in and out, fp32 accumulation (Triton GEMM tutorial)"
     dtypes: ClassVar[tuple[str, ...]] = DTYPES

@@ -121,6 +121,7 @@ class _NormFamily(KernelFamily):
 
 class RmsnormFamily(_NormFamily):
     name: ClassVar[str] = "rmsnorm"
+    baseline_name: ClassVar[str] = "eager PyTorch (F.rms_norm)"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = "RMSNorm forward, y = x / sqrt(mean(x²) + 1e-6) * w, float32 statistics"
     eps: ClassVar[float] = 1e-6
@@ -148,6 +149,7 @@ class RmsnormFamily(_NormFamily):
 
 class LayernormFamily(_NormFamily):
     name: ClassVar[str] = "layernorm"
+    baseline_name: ClassVar[str] = "eager PyTorch (F.layer_norm)"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = "LayerNorm forward, y = (x - mean) / sqrt(var + 1e-5) * w + b, float32 statistics"
     eps: ClassVar[float] = 1e-5

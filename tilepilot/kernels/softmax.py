@@ -35,6 +35,7 @@ FLOPS_PER_ELEMENT = 5
 
 class SoftmaxFamily(KernelFamily):
     name: ClassVar[str] = "softmax"
+    baseline_name: ClassVar[str] = "eager PyTorch (torch.softmax)"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = "row-wise softmax, max-subtracted, online pass for long rows (fused-softmax tutorial)"
     dtypes: ClassVar[tuple[str, ...]] = rowwise.DTYPES

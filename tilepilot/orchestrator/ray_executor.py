@@ -130,8 +130,7 @@ class RayExecutor(Executor):
 
     def baseline(self, problem: Problem) -> tuple[str, Timing] | None:
         timing = fetch(self.workers[0].baseline.remote(self.family.name, problem, self.timeout_s))
-        return ("cuBLAS (torch.matmul)" if self.family.name.startswith("matmul") else "vendor", timing) \
-            if timing else None
+        return (self.family.baseline_name or "baseline", timing) if timing else None
 
     def samples(self) -> list[GpuSample]:
         if self.backend != "gpu":
