@@ -25,7 +25,7 @@ from tilepilot.experiments import InputError
 log = logging.getLogger(__name__)
 
 TABLES = ("campaigns", "experiments", "results", "trials", "queue", "events", "gpu_samples", "winners",
-          "hypotheses", "verdicts", "evidence", "learnings", "llm_calls")
+          "hypotheses", "verdicts", "evidence", "learnings", "llm_calls", "devices")
 CAMPAIGN_STATES = ("running", "finished", "interrupted", "failed")
 QUEUE_STATES = ("queued", "compiling", "running", "done", "dropped")
 
@@ -302,6 +302,43 @@ CREATE INDEX llm_calls_campaign ON llm_calls(campaign_id, id);
 """
 
 
+# Version 4: what a measurement needs to be trusted and read, what a person asks of a running
+# campaign, and where an experiment came from.
+# - `devices`: each device's ceilings, measured once per (device, driver): device-to-device copy
+#   bandwidth and the vendor bf16 matmul rate (cuBLAS on random data); roofline percentages use them.
+#   `details` is JSON (sizes, repetitions, spread).
+# - results: the spread target and time cap the adaptive repetitions ran under, and why they
+#   stopped ("spread" | "cap" | "" where not adaptive); `timed_ms` the GPU time spent timing.
+# - campaigns: `control` a person's request the driver honours at its next step ("" | "pause" |
+#   "stop"); `gpu_seconds` and `llm_cost_usd` spent; `estimate` the dry-run estimate and, at the
+#   end, the actual beside it (JSON).
+# - queue: `pinned` keeps an entry at the head of its campaign's queue, whatever the re-scoring says.
+# - experiments: `origin` is "" for an experiment measured by tilepilot, else where it came from
+#   ("vllm:<file>", "triton-cache:<dir>"): imported, not measured here.
+_V4 = """
+CREATE TABLE devices (
+    device TEXT NOT NULL,
+    driver TEXT NOT NULL DEFAULT '',
+    copy_gbps REAL,
+    matmul_tflops REAL,
+    matmul_dtype TEXT NOT NULL DEFAULT 'bf16',
+    details TEXT NOT NULL DEFAULT '{}',
+    measured_at REAL NOT NULL,
+    PRIMARY KEY (device, driver)
+);
+ALTER TABLE results ADD COLUMN spread_target REAL;
+ALTER TABLE results ADD COLUMN time_cap_ms REAL;
+ALTER TABLE results ADD COLUMN stop_reason TEXT NOT NULL DEFAULT '';
+ALTER TABLE results ADD COLUMN timed_ms REAL;
+ALTER TABLE campaigns ADD COLUMN control TEXT NOT NULL DEFAULT '';
+ALTER TABLE campaigns ADD COLUMN gpu_seconds REAL NOT NULL DEFAULT 0;
+ALTER TABLE campaigns ADD COLUMN llm_cost_usd REAL NOT NULL DEFAULT 0;
+ALTER TABLE campaigns ADD COLUMN estimate TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE queue ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE experiments ADD COLUMN origin TEXT NOT NULL DEFAULT '';
+"""
+
+
 def _v0_to_v1(db: sqlite_utils.Database) -> None:
     db.executescript(_V1)
 
@@ -314,8 +351,13 @@ def _v2_to_v3(db: sqlite_utils.Database) -> None:
     db.executescript(_V3)
 
 
+def _v3_to_v4(db: sqlite_utils.Database) -> None:
+    db.executescript(_V4)
+
+
 # MIGRATIONS[i] takes the schema from version i to i + 1.
-MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2, _v2_to_v3)
+MIGRATIONS: tuple[Callable[[sqlite_utils.Database], None], ...] = (_v0_to_v1, _v1_to_v2, _v2_to_v3,
+                                                                  _v3_to_v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
