@@ -31,7 +31,7 @@ from tilepilot.agents.base import Proposer, ProposerContext, SearchState
 from tilepilot.agents.residual_gp import GpSettings, ResidualGp
 from tilepilot.agents.roofline import H100_SXM, Device, problem_roofline
 from tilepilot.agents.rules_text import describe
-from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants, Estimate, estimate, has_model
+from tilepilot.agents.tile_model import Constants, Estimate, configured_constants, estimate, has_model
 from tilepilot.experiments import Candidate, Config, Result, Status
 
 log = logging.getLogger(__name__)
@@ -56,10 +56,10 @@ class RulesProposer(Proposer):
     name = "rules"
 
     def __init__(self, ctx: ProposerContext, *, device: Device = H100_SXM,
-                 constants: Constants = DEFAULT_CONSTANTS, settings: RulesSettings | None = None) -> None:
+                 constants: Constants | None = None, settings: RulesSettings | None = None) -> None:
         super().__init__(ctx)
         self.device = device
-        self.constants = constants
+        self.constants = constants or configured_constants()
         self.settings = settings or RulesSettings()
         self.roofline = problem_roofline(ctx.problem, device)
         self._device_note = ("" if not ctx.device or "H100" in ctx.device

@@ -22,11 +22,15 @@ recorded data (see `Constants`).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims
-from tilepilot.experiments import Config, Problem
+from tilepilot.experiments import Config, InputError, Problem
 
 ALIASES = {
     "bm": ("BLOCK_SIZE_M", "BLOCK_M"),
@@ -67,6 +71,37 @@ class Constants:
 
 
 DEFAULT_CONSTANTS = Constants()
+CONSTANTS_ENV = "TILEPILOT_RULES_CONSTANTS"
+
+
+def load_constants(path: str | Path) -> Constants:
+    """Constants from a JSON object of `Constants` fields (those left out keep their defaults):
+    the model refitted for another device, or without some problems (`bench/fit_rules.py`)."""
+    where = f"{CONSTANTS_ENV}={str(path)!r}" if str(path) == os.environ.get(CONSTANTS_ENV) else repr(str(path))
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(f"cannot read the rules constants {where}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise InputError(f"the rules constants {where} are not JSON: {e}") from None
+    fields = {f.name for f in dataclasses.fields(Constants)}
+    if not isinstance(raw, dict):
+        raise InputError(f"the rules constants {where} must be a JSON object of constants "
+                         f"(allowed keys: {', '.join(sorted(fields))})")
+    unknown = sorted(set(raw) - fields)
+    if unknown:
+        raise InputError(f"unknown rules constant {unknown[0]!r} in {where} (allowed: {', '.join(sorted(fields))})")
+    for name, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InputError(f"rules constant {name}={value!r} in {where} is not a positive number")
+    return dataclasses.replace(DEFAULT_CONSTANTS, **{k: float(v) for k, v in raw.items()})
+
+
+def configured_constants() -> Constants:
+    """The constants named by the environment variable TILEPILOT_RULES_CONSTANTS (a JSON file),
+    else the shipped ones."""
+    path = os.environ.get(CONSTANTS_ENV, "")
+    return load_constants(path) if path else DEFAULT_CONSTANTS
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tilepilot.agents.registry import DEFAULT_PROPOSER, get_proposer, proposer_names
+from tilepilot.agents.tile_model import configured_constants
 from tilepilot.experiments import (
     BackendUnavailable,
     Campaign,
@@ -81,6 +82,7 @@ def plan(opts: TuneOptions) -> Plan:
                              f"{', '.join(proposer_names())})")
         campaign = replace(campaign, proposer=opts.proposer)
     get_proposer(campaign.proposer)  # one that cannot run here (llm without a key) fails now, before any work
+    configured_constants()  # a bad TILEPILOT_RULES_CONSTANTS file too
     family = get_family(campaign.kernel)
     first = _first_configs(family, campaign, opts.campaign)
     backend = resolve_backend(opts.backend, opts.address, opts.dataset)
