@@ -314,7 +314,10 @@ CREATE INDEX llm_calls_campaign ON llm_calls(campaign_id, id);
 #   end, the actual beside it (JSON).
 # - queue: `pinned` keeps an entry at the head of its campaign's queue, whatever the re-scoring says.
 # - experiments: `origin` is "" for an experiment measured by tilepilot, else where it came from
-#   ("vllm:<file>", "triton-cache:<dir>"): imported, not measured here.
+#   ("vllm:<file>", "triton-cache:<dir>"): imported, not measured here; `origin_data` (JSON) what the
+#   source said about it (vLLM: the file's key M; Triton's cache: its tuning key, its own timings in ms
+#   and whether it was the cache's pick). An imported experiment has no `results` row: nothing was
+#   measured here.
 _V4 = """
 CREATE TABLE devices (
     device TEXT NOT NULL,
@@ -336,6 +339,7 @@ ALTER TABLE campaigns ADD COLUMN llm_cost_usd REAL NOT NULL DEFAULT 0;
 ALTER TABLE campaigns ADD COLUMN estimate TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE queue ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE experiments ADD COLUMN origin TEXT NOT NULL DEFAULT '';
+ALTER TABLE experiments ADD COLUMN origin_data TEXT NOT NULL DEFAULT '{}';
 """
 
 
