@@ -10,7 +10,17 @@ Afterwards each winner is looked up in the recorded grid (data/replay/matmul-h10
 its recorded time over the recorded optimum is the regret the search left. The measured
 winner time and cuBLAS time come from this run. Re-running the command resumes the campaign.
 
-    python bench/gpu_campaign.py --db $OUT/gpu.db --out bench/results/gpu-campaign-h100.json
+Held out (`--folds K`, default 4): the `rules` model's shipped constants were fitted on every
+recorded problem, so scoring them on those problems would flatter the search. The problems are
+dealt into K folds (problem i goes to fold i mod K); each fold runs as its own campaign with
+constants fitted (bench/fit_rules.fit) on the other folds' problems only, handed to `tune`
+through TILEPILOT_RULES_CONSTANTS. The fits are CPU work: `--fit-folds FILE` writes them once
+(about 15 s per fold), and `--constants FILE` reads them, so the GPU machine only measures.
+`--folds 0` runs one campaign with the shipped constants.
+
+    python bench/gpu_campaign.py --fit-folds bench/results/rules-constants-4fold.json
+    python bench/gpu_campaign.py --constants bench/results/rules-constants-4fold.json \
+        --db $OUT/gpu.db --out bench/results/gpu-campaign-h100.json
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,8 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tilepilot.agents.tile_model import CONSTANTS_ENV, load_constants  # noqa: E402
+from tilepilot.experiments import Problem  # noqa: E402
 from tilepilot.kernels.registry import get_family  # noqa: E402
-from tilepilot.orchestrator.replay import load_dataset  # noqa: E402
+from tilepilot.orchestrator.replay import ReplayDataset, load_dataset  # noqa: E402
 from tilepilot.storage.queries import best, events, history, open_db  # noqa: E402
 
 GRID = {"BLOCK_SIZE_M": [64, 128, 256], "BLOCK_SIZE_N": [64, 128, 256], "BLOCK_SIZE_K": [32, 64, 128],
@@ -46,11 +59,51 @@ def campaign_text(name: str, proposer: str, budget: int, problems: list[dict]) -
     return "\n".join(lines) + "\n"
 
 
+def folds_of(problems: list[Problem], k: int) -> list[list[Problem]]:
+    return [problems[i::k] for i in range(k)] if k else [problems]
+
+
+def fit_folds(dataset: ReplayDataset, problems: list[Problem], k: int, out: Path) -> None:
+    """Constants for each fold, fitted on the other folds' problems; written as JSON."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from fit_rules import FITTED, fit, problem_data
+
+    folds = []
+    for i, held in enumerate(folds_of(problems, k)):
+        train = [p for p in problems if p not in held]
+        t0 = time.monotonic()
+        constants = fit(problem_data(dataset, train))
+        folds.append({"fold": i, "held_out": [p.label() for p in held], "fitted_on": len(train),
+                      "constants": {n: getattr(constants, n) for n in FITTED}})
+        print(f"fold {i}: fitted on {len(train)} problems in {time.monotonic() - t0:.0f} s", flush=True)
+    out.write_text(json.dumps({"what": "rules tile-model constants per fold, each fitted without its fold's problems",
+                               "command": " ".join(["python", "bench/gpu_campaign.py", *sys.argv[1:]]),
+                               "date": dt.date.today().isoformat(), "dataset": "matmul-h100.jsonl",
+                               "folds": folds}, indent=1) + "\n")
+
+
+def started(db: str, name: str) -> bool:
+    if not Path(db).exists():
+        return False
+    with open_db(db) as conn:
+        return bool(conn.rows("SELECT 1 FROM campaigns WHERE name = ?", [name]))
+
+
+def run_campaign(toml: Path, name: str, db: str, env: dict[str, str]) -> int:
+    cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "gpu", "--db", db]
+    if started(db, name):
+        cmd.append("--resume")
+    return subprocess.call(cmd, cwd=ROOT, env=env)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default=str(ROOT / "data/replay/matmul-h100.jsonl"))
-    ap.add_argument("--db", required=True)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--db")
+    ap.add_argument("--out")
+    ap.add_argument("--folds", type=int, default=4, help="held-out folds for the rules constants (0: shipped ones)")
+    ap.add_argument("--fit-folds", type=Path, help="fit each fold's constants, write them here, and stop")
+    ap.add_argument("--constants", type=Path, help="the fold constants --fit-folds wrote")
     ap.add_argument("--proposer", default="portfolio")
     ap.add_argument("--budget", type=int, default=32, help="distinct configs per problem (20%% of 162)")
     ap.add_argument("--name", default="gpu-check")
@@ -59,21 +112,40 @@ def main() -> int:
 
     dataset = load_dataset(args.dataset, get_family("matmul"))
     problems = dataset.problems[: args.problems or None]
-    toml = Path(args.db).with_suffix(".toml")
-    toml.write_text(campaign_text(args.name, args.proposer, args.budget, [p.as_dict() for p in problems]))
-    cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "gpu", "--db", args.db]
-    if Path(args.db).exists():
-        cmd.append("--resume")
+    if args.fit_folds:
+        fit_folds(dataset, problems, args.folds, args.fit_folds)
+        return 0
+    if not (args.db and args.out):
+        ap.error("--db and --out are required to run the campaign")
+    folds = folds_of(problems, args.folds)
+    fold_constants: list[dict[str, float] | None] = [None] * len(folds)
+    if args.folds:
+        if not args.constants:
+            ap.error("--folds needs --constants (the file --fit-folds wrote), or --folds 0")
+        saved = json.loads(args.constants.read_text())["folds"]
+        if [f["held_out"] for f in saved] != [[p.label() for p in fold] for fold in folds]:
+            ap.error(f"{args.constants} was fitted for other folds")
+        fold_constants = [f["constants"] for f in saved]
+    names = [args.name if not args.folds else f"{args.name}-fold{i}" for i in range(len(folds))]
     t0 = time.monotonic()
-    rc = subprocess.call(cmd, cwd=ROOT)
+    for name, fold, constants in zip(names, folds, fold_constants, strict=True):
+        toml = Path(args.db).with_name(f"{name}.toml")
+        toml.write_text(campaign_text(name, args.proposer, args.budget, [p.as_dict() for p in fold]))
+        env = dict(os.environ)
+        if constants is not None:
+            path = toml.with_suffix(".constants.json")
+            path.write_text(json.dumps(constants))
+            load_constants(path)  # the file tune will read
+            env[CONSTANTS_ENV] = str(path)
+        rc = run_campaign(toml, name, args.db, env)
+        if rc != 0:
+            print(f"tune exited with {rc} ({name})", file=sys.stderr)
+            return rc
     wall_s = time.monotonic() - t0
-    if rc != 0:
-        print(f"tune exited with {rc}", file=sys.stderr)
-        return rc
 
     with open_db(args.db) as db:
-        winners = best(db, campaign=args.name)
-        rows = history(db, campaign=args.name)
+        winners = [w for name in names for w in best(db, campaign=name)]
+        rows = [r for name in names for r in history(db, campaign=name)]
         log = events(db, kinds=["failed", "worker_restarted", "campaign_finished"], limit=10_000)
         versions = db.rows("SELECT DISTINCT device, driver, torch, triton FROM experiments WHERE backend = 'gpu'")
     statuses: dict[str, int] = {}
@@ -100,6 +172,9 @@ def main() -> int:
         "date": dt.date.today().isoformat(),
         "environment": versions,
         "dataset": Path(args.dataset).name, "proposer": args.proposer, "budget": args.budget,
+        "rules_constants": (f"held out: {args.folds} folds, each fitted on the other folds' problems "
+                            f"({args.constants.name})" if args.folds else "shipped (fitted on every recorded problem)"),
+        "campaigns": names,
         "problems": len(problems), "wall_s": round(wall_s, 1), "statuses": statuses,
         "crash_events": sum(1 for e in log if e.kind == "failed" and "crashed" in e.message),
         "max_regret_vs_recorded_grid": max(regrets) if regrets else None,
