@@ -18,6 +18,10 @@ Contract, for every implementation:
   stores.
 - `unavailable()` says, before any instance is built, why the proposer cannot run here (e.g. no
   API key); the registry refuses to hand out such a proposer.
+- `score(configs)` (optional) predicts configs that are queued, so the driver can reorder its
+  queue as results arrive: one (predicted_ms or None, one-line reason) per config, in order,
+  from what the proposer has observed so far; it must not change what `propose` returns next.
+  The default predicts nothing.
 """
 
 from __future__ import annotations
@@ -76,10 +80,11 @@ class SearchState:
 
     results: dict[Config, Result] = field(default_factory=dict)
     pending: set[Config] = field(default_factory=set)
+    dropped: set[Config] = field(default_factory=set)  # taken off the queue unmeasured: never proposed again
 
     @property
     def seen(self) -> set[Config]:
-        return set(self.results) | self.pending
+        return set(self.results) | self.pending | self.dropped
 
     def best(self) -> Result | None:
         ok = [r for r in self.results.values() if r.median_ms is not None]
@@ -105,6 +110,11 @@ class Proposer(ABC):
     def drain_records(self) -> ProposerRecords:
         """What the proposer recorded since the last call, handed over once. The default: nothing."""
         return ProposerRecords()
+
+    def score(self, configs: Sequence[Config]) -> list[tuple[float | None, str]]:
+        """Predicted median_ms of each config with a one-line reason; (None, "") where the proposer
+        cannot tell. The default predicts nothing."""
+        return [(None, "")] * len(configs)
 
     @classmethod
     def unavailable(cls) -> str | None:

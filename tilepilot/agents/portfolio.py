@@ -102,7 +102,7 @@ class PortfolioProposer(Proposer):
         while len(taken) < n and len(idle) < len(self.members):
             member = self._next_member(idle)
             pending = state.pending | {c.config for _, c in taken}
-            sub = SearchState(results=state.results, pending=pending)
+            sub = SearchState(results=state.results, pending=pending, dropped=state.dropped)
             got = [c for c in member.proposer.propose(sub, 1) if c.config not in state.seen | pending]
             if not got:
                 idle.add(member.name)
@@ -131,6 +131,18 @@ class PortfolioProposer(Proposer):
     def close(self) -> None:
         for m in self.members:
             m.proposer.close()
+
+    def score(self, configs: Sequence[Config]) -> list[tuple[float | None, str]]:
+        """Each config's prediction by the first member (in member order) that makes one."""
+        out: list[tuple[float | None, str]] = [(None, "")] * len(configs)
+        for m in self.members:
+            todo = [i for i, (ms, _) in enumerate(out) if ms is None]
+            if not todo:
+                break
+            for i, got in zip(todo, m.proposer.score([configs[i] for i in todo]), strict=True):
+                if got[0] is not None:
+                    out[i] = got
+        return out
 
     def drain_records(self) -> ProposerRecords:
         out = ProposerRecords(notes=tuple(self._notes))

@@ -107,6 +107,30 @@ class RulesProposer(Proposer):
             self._results[r.config] = r
             self._learn_failure(r)
 
+    def score(self, configs: Sequence[Config]) -> list[tuple[float | None, str]]:
+        """The corrected prediction (tile model × the GP's mean over measured results) of each
+        config; a config near a failure is predicted slow by its penalty (see the module docstring)."""
+        xs, ys = self._training()
+        gp = ResidualGp(self._gp_settings())
+        gp.fit(xs, ys)
+        coords = [self._coords(c) for c in configs]
+        inside = [i for i, x in enumerate(coords) if x is not None]
+        means, _ = gp.predict([coords[i] for i in inside]) if inside else ([], [])
+        out: list[tuple[float | None, str]] = [(None, "")] * len(configs)
+        for i, mean in zip(inside, means, strict=True):
+            config = configs[i]
+            if self.estimate(config) is None and not xs:
+                continue  # no model and nothing measured: no prediction
+            predicted = math.exp(self._log_model(config) + float(mean))
+            basis = ("tile model" if self.estimate(config) is not None else "measured neighbours") + (
+                f" corrected by {len(xs)} result{'s' if len(xs) != 1 else ''}" if xs else ", nothing measured yet")
+            reason = f"rules predicts {predicted:.3g} ms ({basis})"
+            penalty = self._penalty(config)
+            if penalty:
+                reason += "; ranked down: near a config that failed to run"
+            out[i] = (predicted * math.exp(penalty), reason)
+        return out
+
     # ---- the model -----------------------------------------------------------------
     def estimate(self, config: Config) -> Estimate | None:
         """The tile model's estimate of a config, None in a space without a tile model."""
