@@ -4,6 +4,17 @@ One driver per campaign, single-threaded, the store's only writer. A campaign ki
 point resumes with `resume=True`: finished trials are read back and told to the proposers,
 work that was running goes back to the queue, and no experiment is measured twice (an
 experiment whose key is already in the store is reused, not re-measured).
+
+The queue: entries are queued in proposal order (each problem's turns interleave in that
+order); after each collected batch the queued entries of the problems that got results are
+re-scored (`queue_scoring`: predictions, hypotheses, failure regions), each reordering logged
+as a `reordered` event. A new campaign starts with the winners of nearby problems and what the
+learnings imply (`warm_start`), unless told not to.
+
+A person stays in charge: at each step the driver reads the campaign's control ("pause":
+dispatch nothing new, what runs finishes; "stop": let what runs finish, mark the campaign
+interrupted and return; "": go on) and answers the requests on its queue (promote, drop, pin),
+each logged as a `control` event.
 """
 
 from __future__ import annotations
@@ -28,16 +39,27 @@ from tilepilot.experiments import (
     experiment_key,
 )
 from tilepilot.kernels.base import KernelFamily
-from tilepilot.orchestrator.executor import Batch, Executor
+from tilepilot.orchestrator.executor import Batch, Executor, record_ceilings
 from tilepilot.orchestrator.hypothesis_hook import HypothesisHook
+from tilepilot.orchestrator.queue_scoring import (
+    PINNED,
+    PROMOTED,
+    Entry,
+    FailureRegions,
+    HypothesisStatus,
+    rescore,
+)
+from tilepilot.orchestrator.warm_start import Rule, warm_candidates
+from tilepilot.storage import cost
 from tilepilot.storage.ledger import HypothesisRow, LearningRow
-from tilepilot.storage.store import Store, WinnerRow
+from tilepilot.storage.store import QUEUE_REQUESTS, ControlRequest, Store, WinnerRow
 
 log = logging.getLogger(__name__)
 
 INVALID_STREAK_LIMIT = 200  # proposals in a row that break the space's constraints
 SAMPLE_EVERY_S = 5.0
 TOP_K_REMEASURE = 5  # finalists re-measured interleaved before a winner is declared
+IDLE_S = 0.2  # wait per step while paused or stopping with nothing running
 
 
 @dataclass
@@ -75,6 +97,7 @@ class Driver:
         batch_size: int = 4,
         first: tuple[Config, ...] = (),
         on_progress: ProgressFn | None = None,
+        warm_start: bool = False,
     ) -> None:
         self.campaign = campaign
         self.family = family
@@ -96,29 +119,61 @@ class Driver:
         self._next_batch = 0
         self._last_sample = 0.0
         self._notes: set[str] = set()  # proposer notes logged already (each once per campaign)
+        self.warm_start = warm_start  # queue the winners of nearby problems first (a new campaign only)
+        self.stopped = False  # a person stopped the campaign: it is interrupted, not finished
+        self._seq = 0  # entries queued so far: each new one goes behind all others (priority -seq)
+        self._pinned: set[int] = set()  # queue ids a person pinned (first, whatever the scores)
+        self._promoted: set[int] = set()  # queue ids a person moved to the head (left there by re-scoring)
+        self._touched: set[Problem] = set()  # problems with results since the queue was last re-scored
+        self._failures = FailureRegions(family)
+        self._hypothesis_states: dict[str, str] = {}  # this campaign's hypotheses as last re-scored
+        self._paused = False
+        self._stopping = False
+        self._answered = 0  # the last request answered
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> list[WinnerRow]:
-        self._restore()
+        restored = self._restore()
+        record_ceilings(self.executor, self.store, self.campaign_id)  # gpu: once per (device, driver)
+        env = self.executor.environment  # the estimate from the history, once (storage/cost.py)
+        cost.record_start(self.store, self.campaign_id, kernel=self.campaign.kernel, proposer=self.campaign.proposer,
+                          budget=self.campaign.budget, device=env.device, backend=env.backend,
+                          kernel_version=self.executor.kernel_version,
+                          valid={p: len(run.space.valid(p)) for p, run in self.runs.items()})
         self.hypotheses = HypothesisHook(self)
         self._enqueue_first()
+        if self.warm_start and not restored:
+            self._enqueue_warm()
         self.store.log_event("campaign_started", f"campaign {self.campaign.name} started on "
                              f"{self.executor.backend} ({self.executor.environment.device})",
                              campaign_id=self.campaign_id,
                              data={"problems": len(self.runs), "budget": self.campaign.budget})
+        self._answered = self.store.last_answered_request(self.campaign_id)
+        if restored and self.store.clear_control(self.campaign_id, "stop"):
+            self.store.log_event("control", "a stop left from the last run is cleared: the campaign resumes",
+                                 campaign_id=self.campaign_id, data={"action": "stop", "honoured": False})
         while True:
-            self._fill()
-            self._dispatch()
+            self._controls()
+            if self._stopping and not self.executor.in_flight():
+                return self._stop()
+            held = self._paused or self._stopping
+            if not held:
+                self._fill()
+                self._dispatch()
             self._collect(timeout_s=0.2)
             self.hypotheses.after_results()
+            self._rescore()
             self._sample()
             if self._finished():
                 break
+            if held and not self.executor.in_flight():
+                time.sleep(IDLE_S)
         self.hypotheses.finish()
         winners = [w for w in (self._declare(run) for run in self.runs.values()) if w]
         for run in self.runs.values():
             run.proposer.close()
             self._drain(run, adopt=False)
+        cost.record_actual(self.store, self.campaign_id)  # GPU-seconds, model cost, beside the estimate
         self.store.set_campaign_state(self.campaign_id, "finished")
         self.store.log_event("campaign_finished", f"campaign {self.campaign.name} finished: "
                              f"{self._done()} trials", campaign_id=self.campaign_id)
@@ -133,9 +188,11 @@ class Driver:
         return sum(run.counted for run in self.runs.values())
 
     # ---- resume -------------------------------------------------------------------------
-    def _restore(self) -> None:
+    def _restore(self) -> bool:
+        """Read back what the campaign did before; True when it had done anything."""
         by_key = {p.key(): run for p, run in self.runs.items()}
-        for trial, result in self.store.campaign_results(self.campaign_id):
+        trials = self.store.campaign_results(self.campaign_id)
+        for trial, result in trials:
             run = by_key.get(trial.problem_key)
             if run is None or result.config in run.state.results:
                 continue
@@ -144,7 +201,14 @@ class Driver:
         if requeued:
             self.store.log_event("resumed", f"{requeued} unfinished experiment(s) back in the queue",
                                  campaign_id=self.campaign_id)
-        for row in self.store.queued(self.campaign_id):
+        for row in self.store.queued(self.campaign_id, states=("dropped",)):
+            run = by_key.get(row.problem_key)
+            if run is not None and row.config not in run.state.results:
+                run.state.dropped.add(row.config)
+        queued = self.store.queued(self.campaign_id)
+        self._pinned = self.store.pinned_ids(self.campaign_id)
+        for row in queued:
+            self._seq = max(self._seq, math.ceil(-row.priority))
             run = by_key.get(row.problem_key)
             if run is None:
                 continue
@@ -154,6 +218,10 @@ class Driver:
                 continue
             self.candidates[row.id] = cand
             run.state.pending.add(cand.config)
+            if row.reason == PROMOTED:
+                self._promoted.add(row.id)
+        self._touched = set(self.runs) if self._failures else set()  # drop what earlier failures rule out
+        return bool(trials or queued or requeued)
 
     # ---- proposals ----------------------------------------------------------------------
     def _enqueue_first(self) -> None:

@@ -6,7 +6,7 @@ Open a handle with `open_db(path)`; every function takes it first. Filters are c
 
 from __future__ import annotations
 
-import re
+import dataclasses
 import statistics
 import threading
 import time
@@ -17,6 +17,8 @@ from typing import Any
 import sqlite_utils
 
 from tilepilot.experiments import InputError, Status, canonical_json
+from tilepilot.storage.filters import Filters, conditions, parse_filters
+from tilepilot.storage.roofline import roofline_pcts
 from tilepilot.storage.rows import loads, queue_from_row
 from tilepilot.storage.schema import open_database
 from tilepilot.storage.views import (
@@ -31,8 +33,6 @@ from tilepilot.storage.views import (
     QueueView,
 )
 
-_PARAM_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_STATUSES = tuple(s.value for s in Status)
 _NOT_COUNTED = tuple(s.value for s in Status if not s.counts_against_budget)
 
 
@@ -80,58 +80,42 @@ LEFT JOIN campaigns c ON c.id = t.campaign_id
 
 
 def history(db: ReadOnlyDB, *, campaign: str | int | None = None, kernel: str | None = None,
-            problem: Mapping[str, Any] | str | None = None,
+            problem: Mapping[str, Any] | Sequence[str] | str | None = None,
             status: str | Sequence[str] | None = None, proposer: str | None = None,
-            limit: int | None = None) -> list[HistoryRow]:
-    """Trials with their results, newest first.
+            limit: int | None = None, device: str | None = None, backend: str | None = None,
+            torch: str | None = None, triton: str | None = None, since: str | float | None = None,
+            until: str | float | None = None) -> list[HistoryRow]:
+    """Trials with their results, newest first (experiments measured here; `storage.imports.imported`
+    gives the imported ones).
 
-    `campaign` is a name or an id; `problem` is a dict whose items must all match (a subset
-    of the problem, values of the problem's own types) or a problem key (canonical JSON);
-    `status` one status or several.
+    `campaign` is a name or an id; `problem` a dict whose items must all match (values of the
+    problem's own types), filter texts such as "M<=64,K>=4096", or a problem key (canonical JSON);
+    `status` one status or several; `device` a case-insensitive part of the device name; `torch`
+    and `triton` a version or its prefix; `since` / `until` epoch seconds or text (see
+    `filters.when`). Raises InputError naming a bad filter and what is allowed.
     """
-    where: list[str] = []
-    params: list[Any] = []
-    if campaign is not None:
-        where.append("c.id = ?")
-        params.append(_campaign_id(db, campaign))
-    if kernel is not None:
-        where.append("e.kernel = ?")
-        params.append(kernel)
-    if problem is not None:
-        _problem_filter(problem, where, params)
-    if status is not None:
-        statuses = _statuses(status)
-        where.append(f"r.status IN ({_marks(statuses)})")
-        params.extend(statuses)
-    if proposer is not None:
-        where.append("t.proposer = ?")
-        params.append(proposer)
+    f = history_filters(db, campaign=campaign, kernel=kernel, problem=problem, status=status, proposer=proposer,
+                        device=device, backend=backend, torch=torch, triton=triton, since=since, until=until)
+    lim = _limit(limit)
+    if not f.wants_measured:
+        return []
+    where, params = conditions(f)
     sql = _HISTORY + (" WHERE " + " AND ".join(where) if where else "")
     sql += " ORDER BY COALESCE(t.created_at, r.measured_at) DESC, t.id DESC LIMIT ?"
-    rows = db.rows(sql, [*params, _limit(limit)])
+    rows = db.rows(sql, [*params, lim])
     return [_history_row(r) for r in rows]
+
+
+def history_filters(db: ReadOnlyDB, *, campaign: str | int | None = None, **given: Any) -> Filters:
+    """`Filters` from the keyword arguments of `history` (the campaign resolved by name or id)."""
+    cid = _campaign_id(db, campaign) if campaign is not None else None
+    return parse_filters(campaign_id=cid, **given)
 
 
 def _history_row(r: dict[str, Any]) -> HistoryRow:
     r = dict(r, problem=loads(r["problem"]), config=loads(r["config"]), status=Status(r["status"]),
              reused=bool(r["reused"]))
     return HistoryRow(**r)
-
-
-def _problem_filter(problem: Mapping[str, Any] | str, where: list[str], params: list[Any]) -> None:
-    if isinstance(problem, str):
-        where.append("e.problem_key = ?")
-        params.append(problem)
-        return
-    for name, value in problem.items():
-        if not _PARAM_NAME.match(name):
-            raise InputError(f"bad problem parameter name {name!r} (letters, digits and '_')")
-        if not isinstance(value, int | float | str | bool):
-            raise InputError(f"problem {name}={value!r} is not a number, text or boolean")
-        if isinstance(value, int) and not -(2**63) <= value < 2**63:
-            raise InputError(f"problem {name}={value} is out of range (a 64-bit integer)")
-        where.append("json_extract(e.problem, ?) = ?")
-        params.extend([f'$."{name}"', value])
 
 
 def campaign_id_of(db: ReadOnlyDB, campaign: str | int) -> int:
@@ -146,14 +130,6 @@ def _campaign_id(db: ReadOnlyDB, campaign: str | int) -> int:
         return int(found[0]["id"])
     names = [r["name"] for r in db.rows("SELECT name FROM campaigns ORDER BY id")]
     raise InputError(f"no campaign {campaign!r} (known: {', '.join(names) or 'none'})")
-
-
-def _statuses(status: str | Sequence[str]) -> list[str]:
-    given = [status] if isinstance(status, str) else list(status)
-    bad = [s for s in given if s not in _STATUSES]
-    if bad:
-        raise InputError(f"unknown status {bad[0]!r} (allowed: {', '.join(_STATUSES)})")
-    return given
 
 
 def _limit(limit: int | None) -> int:
@@ -180,17 +156,19 @@ JOIN results r ON r.experiment_key = t.experiment_key
 """
 
 
-def best(db: ReadOnlyDB, *, campaign: str | int | None = None,
-         kernel: str | None = None) -> list[BestRow]:
-    """Per campaign and problem with an ok result: the declared winner, else the fastest."""
-    where: list[str] = []
-    params: list[Any] = []
-    if campaign is not None:
-        where.append("t.campaign_id = ?")
-        params.append(_campaign_id(db, campaign))
-    if kernel is not None:
-        where.append("c.kernel = ?")
-        params.append(kernel)
+def best(db: ReadOnlyDB, *, campaign: str | int | None = None, kernel: str | None = None,
+         problem: Mapping[str, Any] | Sequence[str] | str | None = None, device: str | None = None,
+         backend: str | None = None, torch: str | None = None, triton: str | None = None,
+         proposer: str | None = None, since: str | float | None = None,
+         until: str | float | None = None) -> list[BestRow]:
+    """Per campaign and problem with an ok result: the declared winner, else the fastest.
+
+    The filters are those of `history` (without status); a trial left out by them is not a
+    candidate, and a declared winner left out gives way to the fastest trial kept.
+    """
+    f = history_filters(db, campaign=campaign, kernel=kernel, problem=problem, device=device, backend=backend,
+                        torch=torch, triton=triton, proposer=proposer, since=since, until=until)
+    where, params = conditions(f)
     cond = " WHERE " + " AND ".join(where) if where else ""
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for r in db.rows(_TRIALS + cond + " ORDER BY t.id", params):
@@ -201,7 +179,8 @@ def best(db: ReadOnlyDB, *, campaign: str | int | None = None,
         row = _best_of(trials, winners.get(gkey))
         if row is not None:
             out.append(row)
-    return out
+    pcts = roofline_pcts(db.rows, [(b.experiment_key, b.median_ms) for b in out])
+    return [dataclasses.replace(b, roofline_pct=pcts.get(b.experiment_key)) for b in out]
 
 
 def _best_of(trials: list[dict[str, Any]], winner: dict[str, Any] | None) -> BestRow | None:
