@@ -169,3 +169,26 @@ def test_another_device_is_named_as_an_assumption() -> None:
         SearchState(), 1)[0].rationale
     h100 = ProposerContext("matmul", SQUARE, UNCHECKED, seed=0, budget=8, device="NVIDIA H100 80GB HBM3")
     assert "assumed" not in RulesProposer(h100).propose(SearchState(), 1)[0].rationale
+
+
+def test_every_fourth_pick_is_a_local_step_from_the_best_result_so_far() -> None:
+    p = rules()
+    first = p.propose(SearchState(), 4)
+    # The model's favourites measured slow, one of its outsiders fast: the incumbent is a config
+    # the model ranks low, and a local step must look next to it, not where the model points.
+    outsider = cfg(64, 64, 32, 4, 3)
+    state = SearchState(results={c.config: timed(SQUARE, c.config, 2.0) for c in first})
+    state.results[outsider] = timed(SQUARE, outsider, 0.5)
+    picks = p.propose(state, 4)
+    local = [c for c in picks if c.rationale.startswith("local step from the best so far")]
+    assert [picks.index(c) for c in local] == [3], [c.rationale for c in picks]
+    step = local[0].config
+    moved = [k for k in outsider if outsider[k] != step[k]]
+    assert len(moved) == 1, (outsider.label(), step.label())
+    choices = next(q.choices for q in UNCHECKED.params if q.name == moved[0])
+    assert abs(choices.index(step[moved[0]]) - choices.index(outsider[moved[0]])) == 1
+
+
+def test_no_local_step_before_enough_results() -> None:
+    picks = rules().propose(SearchState(), 8)
+    assert not [c for c in picks if c.rationale.startswith("local step")]
