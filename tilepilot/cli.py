@@ -246,6 +246,7 @@ def _print_best(rows: Sequence[Any]) -> None:
             "median_ms": d.get("median_ms"),
             "vs median config": _ratio(d.get("speedup_vs_median")),
             "vs " + (d.get("baseline_name") or "baseline"): _ratio(d.get("speedup_vs_baseline")),
+            "roofline": f"{d['roofline_pct']:.0f}%" if d.get("roofline_pct") is not None else "-",
             "note": "tie" if d.get("tie") else "",
         })
     _print_table(table, list(table[0]))

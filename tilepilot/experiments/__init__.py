@@ -21,15 +21,15 @@ from tilepilot.experiments.hypothesis import (
     Verdict,
 )
 from tilepilot.experiments.keys import experiment_key
-from tilepilot.experiments.result import Environment, Result, Telemetry, Timing
+from tilepilot.experiments.result import DeviceCeilings, Environment, Result, Telemetry, Timing
 from tilepilot.experiments.space import Constraint, Param, SearchSpace
 from tilepilot.experiments.status import Status
 from tilepilot.experiments.telemetry import GpuSample
 from tilepilot.experiments.values import Config, Problem, Value, canonical_json
 
 __all__ = [
-    "BackendUnavailable", "Bound", "Campaign", "CampaignError", "Candidate", "Config", "Constraint",
-    "DatasetError", "Environment", "Evidence", "GpuSample", "Hypothesis", "HypothesisState", "InputError",
+    "BackendUnavailable", "Bound", "Campaign", "CampaignError", "Candidate", "Config", "Constraint", "DatasetError",
+    "DeviceCeilings", "Environment", "Evidence", "GpuSample", "Hypothesis", "HypothesisState", "InputError",
     "Learning", "Param", "Problem", "Result", "Scope", "SearchSpace", "Status", "Telemetry", "TilepilotError",
     "Timing", "Value", "Verdict", "canonical_json", "experiment_key", "load_campaign", "parse_campaign",
 ]

@@ -8,8 +8,16 @@ on-disk cache; `compile_error`); shared memory against the device limit, or Trit
 OutOfResources at load (`out_of_resources`); verification on every input set of the problem
 (inputs and reference made once per problem and cached; the output poisoned with NaN before
 each launch; `family.error(problem, out, ref)` against `family.tolerance(problem)`, NaN or inf
-never passes: `wrong_result`). Then the verified configs are timed together, interleaved (see
-timing.py), and NVML is read once right after (SM clock, power, temperature).
+never passes: `wrong_result`). Then the verified configs are timed together, interleaved, with
+adaptive repetitions under the evaluator's TimingPlan (see timing.py), and NVML is read once right
+after (SM clock, power, temperature).
+
+Cold L2 (a family with `l2_flush`): the timed launches rotate over copies of the problem's data
+(the input sets first, then clones of them, each copy with its own output) that together exceed
+twice the L2, made once per problem and kept with its inputs; where that many copies would take
+more than `cold_cap_bytes` (or half the free GPU memory), L2 is flushed before each launch
+instead. A Result's `extra` says which: `cold_copies` (the number of copies) when rotated. It
+also carries the family's work model (`work_flops`, `work_bytes`), for roofline percentages.
 
 `max_rel_err` in a Result or a Check is the family's error measure (`KernelFamily.error`:
 ||out - ref|| / ||ref|| over all outputs unless the family says otherwise), the largest over
@@ -27,6 +35,7 @@ timed with perf_counter: CPU timings, method "cpu-wallclock".
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -40,6 +49,7 @@ from typing import Any
 from tilepilot.experiments import (
     BackendUnavailable,
     Config,
+    DeviceCeilings,
     Environment,
     InputError,
     Problem,
@@ -52,7 +62,7 @@ from tilepilot.kernels import failures, telemetry
 from tilepilot.kernels.base import KernelFamily, Target
 from tilepilot.kernels.compile import interpreting
 from tilepilot.kernels.registry import get_family
-from tilepilot.kernels.timing import GpuTimer, TimingPlan, time_cpu
+from tilepilot.kernels.timing import GpuTimer, TimingPlan, cold_copies_needed, time_cpu
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +72,8 @@ INTERPRETER_DTYPES = ("fp16", "fp32")
 MAX_CACHED_PROBLEMS = 4
 RECHECK_SEED_OFFSET = 1_000_003
 CPU_ROUNDS = 3
+COLD_CAP_BYTES = 2 * 2**30  # memory for the copies of one problem's data rotated for cold timing
+MAX_COLD_COPIES = 512
 
 OnStart = Callable[[int], None]
 
@@ -120,6 +132,7 @@ class _ProblemData:
     refs: list[Any]
     out: Any
     tolerance: float
+    copies: list[tuple[tuple[Any, ...], Any]] | None = None  # (inputs, out) rotated cold; [] when too large
 
 
 @dataclass
@@ -129,22 +142,28 @@ class _Verified:
     max_rel_err: float
     compile_ms: float | None
     extra: dict[str, Any] = field(default_factory=dict)
+    compiled: Any = None
 
 
 class Evaluator:
     """Verifies and times configs inside the process that owns the CUDA context (or the CPU,
     under the interpreter). Not thread-safe: one per process."""
 
-    def __init__(self, backend: str, *, input_sets: int = 3, seed: int = 0, rounds: int = 4,
-                 block_ms: float = 10.0) -> None:
+    def __init__(self, backend: str, *, input_sets: int = 3, seed: int = 0, rounds: int = 3,
+                 block_ms: float = 1.0, spread_target: float = 0.02, time_cap_ms: float = 15.0,
+                 cold_cap_bytes: int = COLD_CAP_BYTES) -> None:
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r} for the evaluator (allowed: {', '.join(BACKENDS)})")
-        if input_sets < 1 or rounds < 1 or block_ms <= 0:
-            raise InputError("input_sets and rounds must be at least 1 and block_ms positive")
+        if input_sets < 1 or rounds < 1 or not block_ms > 0 or spread_target < 0 or not time_cap_ms > 0:
+            raise InputError(f"bad timing options (input_sets={input_sets}, rounds={rounds}, block_ms={block_ms}, "
+                             f"spread_target={spread_target}, time_cap_ms={time_cap_ms}): input_sets and rounds "
+                             "at least 1, block_ms and time_cap_ms positive, spread_target at least 0")
         self.backend = backend
         self.input_sets = input_sets
         self.seed = seed
-        self.plan = TimingPlan(rounds=rounds, block_ms=block_ms)
+        self.plan = TimingPlan(rounds=rounds, block_ms=block_ms, spread_target=spread_target,
+                               time_cap_ms=time_cap_ms)
+        self.cold_cap_bytes = cold_cap_bytes
         self._problems: OrderedDict[tuple[str, Problem], _ProblemData] = OrderedDict()
         self._timer: GpuTimer | None = None
         self._env: Environment | None = None
@@ -190,15 +209,26 @@ class Evaluator:
 
     # ---- the steps ------------------------------------------------------------------------------
     def evaluate(self, kernel: str, problem: Problem, configs: Sequence[Config], *,
-                 on_start: OnStart = _noop) -> list[Result]:
-        """One Result per config, in order (see the module docstring)."""
-        return self._run(kernel, problem, configs, self.plan, on_start)
+                 on_start: OnStart = _noop, plan: TimingPlan | None = None) -> list[Result]:
+        """One Result per config, in order (see the module docstring). `plan` replaces the
+        evaluator's timing plan for this call (its `flush_l2` is always the family's)."""
+        return self._run(kernel, problem, configs, plan or self.plan, on_start)
 
     def remeasure(self, kernel: str, problem: Problem, configs: Sequence[Config], *, rounds: int = 5,
                   on_start: OnStart = _noop) -> list[Result]:
-        """Evaluate again with `rounds` interleaved rounds of twice the usual block length."""
-        plan = TimingPlan(rounds=rounds, block_ms=2 * self.plan.block_ms, flush_l2=self.plan.flush_l2)
+        """Evaluate again, more closely: at least `rounds` interleaved rounds of twice the usual
+        block length, half the spread target and four times the time cap."""
+        plan = dataclasses.replace(self.plan, rounds=rounds, block_ms=2 * self.plan.block_ms,
+                                   spread_target=self.plan.spread_target / 2, time_cap_ms=4 * self.plan.time_cap_ms)
         return self._run(kernel, problem, configs, plan, on_start)
+
+    def ceilings(self) -> DeviceCeilings | None:
+        """The device's copy bandwidth and matmul rate (see ceilings.py); None under the interpreter."""
+        if self.backend == "interpret":
+            return None
+        from tilepilot.kernels.ceilings import measure_ceilings
+
+        return measure_ceilings()
 
     def recheck(self, kernel: str, problem: Problem, config: Config) -> Check:
         """Verify one config again on fresh inputs (a seed never used for the cached sets)."""
@@ -221,11 +251,13 @@ class Evaluator:
         if self.backend == "interpret":
             return None
         data = self._data(kernel, family, problem)
-        launches = [family.baseline(problem, inputs, data.out) for inputs in data.inputs]
+        copies = self._cold_copies(family, problem, data) if family.l2_flush else []
+        pairs = copies or [(inputs, data.out) for inputs in data.inputs]
+        launches = [family.baseline(problem, inputs, out) for inputs, out in pairs]
         if any(fn is None for fn in launches):
             return None
-        plan = TimingPlan(self.plan.rounds, self.plan.block_ms, family.l2_flush)
-        return self._gpu_timer().time([launches], plan, _noop)[0]  # type: ignore[list-item]
+        plan = dataclasses.replace(self.plan, flush_l2=family.l2_flush)
+        return self._gpu_timer().time([launches], plan, _noop, cold=[bool(copies)])[0]  # type: ignore[list-item]
 
     # ---- internals ------------------------------------------------------------------------------
     def _run(self, kernel: str, problem: Problem, configs: Sequence[Config], plan: TimingPlan,
@@ -244,8 +276,11 @@ class Evaluator:
             on_start(i)
             outcomes.append(self._prepare(i, family, problem, config, data))
         verified = [o for o in outcomes if isinstance(o, _Verified)]
-        timings = self._time(verified, TimingPlan(plan.rounds, plan.block_ms, family.l2_flush), on_start)
+        plan = dataclasses.replace(plan, flush_l2=family.l2_flush)
+        timings, copies = self._time(family, problem, data, verified, configs, plan, on_start)
         tele = telemetry.result_telemetry(self.gpu_uuid())
+        work = family.work(problem)
+        measured = {"work_flops": work.flops, "work_bytes": work.bytes, **({"cold_copies": copies} if copies else {})}
         results = []
         for config, outcome in zip(configs, outcomes, strict=True):
             if isinstance(outcome, Result):  # a never-launched (invalid) config gets no telemetry
@@ -253,7 +288,7 @@ class Evaluator:
             else:
                 results.append(Result(problem, config, Status.OK, self.environment(), timings[outcome.index],
                                       max_rel_err=outcome.max_rel_err, compile_ms=outcome.compile_ms,
-                                      telemetry=tele, extra=outcome.extra))
+                                      telemetry=tele, extra={**outcome.extra, **measured}))
         return results
 
     def _prepare(self, i: int, family: KernelFamily, problem: Problem, config: Config,
@@ -287,7 +322,7 @@ class Evaluator:
             return self._failed(problem, config, status, failures.one_line(e), compile_ms=compile_ms, extra=extra)
         if compiled is not None:
             extra.update(n_regs=getattr(compiled, "n_regs", None), n_spills=getattr(compiled, "n_spills", None))
-        return _Verified(i, launches, max(errors), compile_ms, extra)
+        return _Verified(i, launches, max(errors), compile_ms, extra, compiled)
 
     def _checked_launch(self, family: KernelFamily, problem: Problem, fn: Callable[[], None], out: Any,
                         ref: Any) -> float:
@@ -322,26 +357,60 @@ class Evaluator:
 
             torch.cuda.empty_cache()
 
-    def _time(self, verified: list[_Verified], plan: TimingPlan, on_start: OnStart) -> dict[int, Timing]:
+    def _time(self, family: KernelFamily, problem: Problem, data: _ProblemData, verified: list[_Verified],
+              configs: Sequence[Config], plan: TimingPlan, on_start: OnStart) -> tuple[dict[int, Timing], int]:
+        """The timings of the verified configs by index, and the number of copies rotated for
+        cold timing (0: none)."""
         if not verified:
-            return {}
-        launches = [v.launches for v in verified]
+            return {}, 0
         current = [0]
 
         def started(j: int) -> None:
             current[0] = verified[j].index
             on_start(verified[j].index)
 
+        copies: list[tuple[tuple[Any, ...], Any]] = []
         try:
             if self.backend == "interpret":
-                timings = time_cpu(launches, CPU_ROUNDS, started)
+                timings = time_cpu([v.launches for v in verified], CPU_ROUNDS, started)
             else:
-                timings = self._gpu_timer().time(launches, plan, started)
+                copies = self._cold_copies(family, problem, data) if plan.flush_l2 else []
+                launches = [[family.launcher(problem, configs[v.index], inputs, out, v.compiled)
+                             for inputs, out in copies] if copies else v.launches for v in verified]
+                timings = self._gpu_timer().time(launches, plan, started, cold=[bool(copies)] * len(verified))
         except RuntimeError as e:
             if failures.is_sticky(e):
                 raise StickyCudaError(current[0], failures.one_line(e)) from e
             raise
-        return {v.index: t for v, t in zip(verified, timings, strict=True)}
+        return {v.index: t for v, t in zip(verified, timings, strict=True)}, len(copies)
+
+    def _cold_copies(self, family: KernelFamily, problem: Problem,
+                     data: _ProblemData) -> list[tuple[tuple[Any, ...], Any]]:
+        """The (inputs, out) copies rotated for cold timing, made once per problem (see the module
+        docstring); [] when they would not fit."""
+        if data.copies is not None:
+            return data.copies
+        import torch
+
+        in_bytes, out_bytes = _nbytes(data.inputs[0]), _nbytes(data.out)
+        need = cold_copies_needed(in_bytes + out_bytes, self._gpu_timer().l2_bytes)
+        new_bytes = max(0, need - len(data.inputs)) * in_bytes + (need - 1) * out_bytes
+        free, _ = torch.cuda.mem_get_info()
+        if need > MAX_COLD_COPIES or new_bytes > min(self.cold_cap_bytes, free // 2):
+            log.info("%s %s: %d copies (%.0f MB more) for cold timing do not fit; flushing L2 instead",
+                     family.name, problem.label(), need, new_bytes / 1e6)
+            data.copies = []
+            return data.copies
+        try:
+            copies = []
+            for k in range(need):
+                inputs = data.inputs[k] if k < len(data.inputs) else _clone(data.inputs[k % len(data.inputs)])
+                copies.append((inputs, data.out if k == 0 else family.make_output(problem, inputs)))
+        except torch.cuda.OutOfMemoryError:
+            copies = []
+            torch.cuda.empty_cache()
+        data.copies = copies
+        return copies
 
     def _family(self, kernel: str, problem: Problem) -> tuple[KernelFamily, Problem]:
         family = get_family(kernel)
@@ -415,6 +484,25 @@ def _nonfinite(out: Any) -> int:
 
 def _passes(err: float, tol: float) -> bool:
     return math.isfinite(err) and err <= tol
+
+
+def _tensors(obj: Any) -> list[Any]:
+    import torch
+
+    items = obj if isinstance(obj, (tuple, list)) else (obj,)
+    return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(obj: Any) -> int:
+    """Bytes of the tensors in `obj` (a tensor, or a tuple or list of values)."""
+    return sum(t.numel() * t.element_size() for t in _tensors(obj))
+
+
+def _clone(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A copy of an input set: its tensors cloned, anything else as it is."""
+    import torch
+
+    return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
 def _poison(out: Any) -> None:

@@ -1,14 +1,27 @@
 """Timing of several kernels at once, interleaved, so that drift in clocks and temperature hits
-them alike.
+them alike, with as many repetitions as each kernel needs.
 
-GPU (method "cuda-events"): each kernel is warmed up and its time estimated; then `rounds`
-rounds run, each giving every kernel one block of consecutive launches (A A A, B B B, C C C,
-then again), a block sized to about `block_ms` of kernel time (3 to 100 launches), the
-launches of a block rotating over the input sets. Each launch
-is bracketed by CUDA events; when `flush_l2` is set, a buffer twice the L2's size is zeroed
-before each launch, outside the events. A short spin kernel at the start of each block keeps
-the GPU ahead of the host, so that launch overhead stays outside the events. The device is
-synchronised after every block, so that an error is raised while its kernel's block runs.
+GPU: each kernel is warmed up and its time estimated. A kernel shorter than
+`plan.graph_below_ms` is timed by CUDA-graph replay (method "cuda-graph"): blocks of its launches
+are captured in graphs, and one sample is the mean launch time of one replay, timed with CUDA
+events; launch overhead and the gaps between launches stay out. A longer kernel (method
+"cuda-events") is timed launch by launch between CUDA events. Then rounds run, each giving every
+kernel still going one block of about `plan.block_ms` of GPU time, in a rotating order (A B C,
+B C A, ...). After at least `plan.rounds` rounds a kernel stops once the relative spread of its
+samples, (p80 - p20) / median, is at most `plan.spread_target` ("spread", and no sooner than
+MIN_SPREAD_SAMPLES samples) or the GPU time spent timing it reached `plan.time_cap_ms` ("cap");
+the others go on. The spread of the samples does not shrink with more of them: the target says
+how steady a kernel's samples must be to stop early, the cap bounds the cost of the rest.
+
+Cold L2 (`plan.flush_l2`): a kernel whose launches rotate over copies of its data that together
+exceed twice the L2 (the caller makes them, see `cold_copies_needed`; `cold[i]` says so) is timed
+as above, each launch reading data no recent launch touched. Otherwise L2 is flushed (a buffer
+twice its size zeroed) before each launch, outside the events, and the kernel is timed with
+events. Warm (not `flush_l2`): launches rotate over the input sets given.
+
+A short spin kernel at the start of each block keeps the GPU ahead of the host, so that launch
+overhead stays outside the events. The device is synchronised after every block, so that an
+error is raised while its kernel's block runs. Timing runs on a side stream of its own.
 
 CPU (method "cpu-wallclock", for the interpreter): `rounds` rounds of one launch each, timed
 with perf_counter. These are CPU timings and are labelled so.
@@ -18,27 +31,53 @@ Every timing field is in milliseconds.
 
 from __future__ import annotations
 
+import gc
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tilepilot.experiments import Timing
+from tilepilot.kernels import failures
+
+log = logging.getLogger(__name__)
 
 Launch = Callable[[], None]
 OnStart = Callable[[int], None]
 
-MIN_BLOCK, MAX_BLOCK = 3, 100
+METHOD_EVENTS, METHOD_GRAPH, METHOD_CPU = "cuda-events", "cuda-graph", "cpu-wallclock"
+STOP_SPREAD, STOP_CAP = "spread", "cap"
+
+MAX_BLOCK = 100  # launches in one events block
 WARMUP_LAUNCHES = 2
 ESTIMATE_LAUNCHES = 3
 SPIN_CYCLES = 200_000  # ~0.1 ms at 2 GHz
+MIN_SPREAD_SAMPLES = 5  # fewer samples say too little about their spread to stop on it
+MAX_ROUNDS = 200
+REPLAY_MS = 0.2  # GPU time of one graph replay: one sample
+MAX_GRAPH_LAUNCHES = 1000
+MAX_GRAPHS = 64  # graphs of one kernel (they split its copies between them)
+MAX_REPLAYS = 1000  # replays in one block
 
 
 @dataclass(frozen=True)
 class TimingPlan:
-    rounds: int = 4
-    block_ms: float = 10.0
-    flush_l2: bool = True
+    """How long and how finely to time: at least `rounds` interleaved rounds of about `block_ms`
+    of GPU time per kernel, then more until the spread target or the time cap (per kernel)."""
+
+    rounds: int = 3
+    block_ms: float = 1.0
+    flush_l2: bool = True  # cold: each launch reads data that is not in L2
+    spread_target: float = 0.02  # (p80 - p20) / median at or under which a kernel stops
+    time_cap_ms: float = 15.0  # GPU time spent timing one kernel after which it stops
+    graph_below_ms: float = 0.05  # kernels shorter than this are timed by CUDA-graph replay
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or not self.block_ms > 0 or self.spread_target < 0 or not self.time_cap_ms > 0:
+            raise ValueError(f"bad timing plan {self}: rounds >= 1, block_ms > 0, spread_target >= 0 "
+                             "and time_cap_ms > 0")
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -51,10 +90,54 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def summarise(samples_ms: Sequence[float], *, l2_flushed: bool, method: str) -> Timing:
+def relative_spread(samples_ms: Sequence[float]) -> float:
+    """(p80 - p20) / median of the samples (0 for a median of 0), as `Timing.rel_spread`."""
+    s = sorted(samples_ms)
+    median = quantile(s, 0.5)
+    return (quantile(s, 0.8) - quantile(s, 0.2)) / median if median > 0 else 0.0
+
+
+def summarise(samples_ms: Sequence[float], *, l2_flushed: bool, method: str, spread_target: float | None = None,
+              time_cap_ms: float | None = None, stop_reason: str = "", timed_ms: float | None = None) -> Timing:
     s = sorted(samples_ms)
     return Timing(median_ms=quantile(s, 0.5), p20_ms=quantile(s, 0.2), p80_ms=quantile(s, 0.8),
-                  min_ms=s[0], reps=len(s), l2_flushed=l2_flushed, method=method)
+                  min_ms=s[0], reps=len(s), l2_flushed=l2_flushed, method=method, spread_target=spread_target,
+                  time_cap_ms=time_cap_ms, stop_reason=stop_reason, timed_ms=timed_ms)
+
+
+def stop_reason(samples_ms: Sequence[float], rounds: int, timed_ms: float, plan: TimingPlan) -> str:
+    """Why a kernel's timing stops after `rounds` rounds: "spread" when its samples' relative
+    spread is at most the target (given MIN_SPREAD_SAMPLES samples), "cap" when `timed_ms` reached
+    the time cap (or MAX_ROUNDS rounds ran), "" to go on. Never before `plan.rounds` rounds."""
+    if rounds < plan.rounds:
+        return ""
+    if len(samples_ms) >= MIN_SPREAD_SAMPLES and relative_spread(samples_ms) <= plan.spread_target:
+        return STOP_SPREAD
+    if timed_ms >= plan.time_cap_ms or rounds >= MAX_ROUNDS:
+        return STOP_CAP
+    return ""
+
+
+def cold_copies_needed(footprint_bytes: int, l2_bytes: int) -> int:
+    """Copies of a kernel's data to rotate over so that, between two uses of one copy, the other
+    copies touched more than twice the L2: ceil(2 * L2 / footprint) + 1, at least 2."""
+    if footprint_bytes <= 0:
+        raise ValueError(f"footprint must be positive, not {footprint_bytes}")
+    return max(2, math.ceil(2 * l2_bytes / footprint_bytes) + 1)
+
+
+def graph_layout(copies: int, launches: int) -> list[list[int]]:
+    """Which copy each launch of each graph uses, for `copies` copies and about `launches`
+    launches per replay. Replays cycle through the graphs, and every copy is used once per cycle
+    (so each copy waits a full cycle before its next use): one graph of a whole number of passes
+    over the copies when they are few, else the copies split over up to MAX_GRAPHS graphs."""
+    if copies < 1 or launches < 1:
+        raise ValueError(f"copies and launches must be positive ({copies}, {launches})")
+    if copies <= launches:
+        n = min(math.ceil(launches / copies), max(1, MAX_GRAPH_LAUNCHES // copies)) * copies
+        return [[k % copies for k in range(n)]]
+    size = math.ceil(copies / min(MAX_GRAPHS, math.ceil(copies / launches)))
+    return [list(range(s, min(s + size, copies))) for s in range(0, copies, size)]
 
 
 def time_cpu(launches: Sequence[Sequence[Launch]], rounds: int, on_start: OnStart) -> list[Timing]:
@@ -67,55 +150,185 @@ def time_cpu(launches: Sequence[Sequence[Launch]], rounds: int, on_start: OnStar
             t0 = time.perf_counter()
             fn()
             samples[i].append((time.perf_counter() - t0) * 1e3)
-    return [summarise(s, l2_flushed=False, method="cpu-wallclock") for s in samples]
+    return [summarise(s, l2_flushed=False, method=METHOD_CPU) for s in samples]
+
+
+@dataclass
+class Track:
+    """One kernel's timing in progress: how it is timed, and its samples so far."""
+
+    launches: Sequence[Launch]
+    flush: bool  # flush L2 before each launch (events only)
+    method: str = METHOD_EVENTS
+    estimate_ms: float = 0.0
+    per_block: int = 1  # events: launches per block; graph: replays per block
+    cursor: int = 0  # the next launch (events) or graph (graph) to run
+    graphs: list[tuple[Any, int]] = field(default_factory=list)  # (CUDA graph, launches in it)
+    samples: list[float] = field(default_factory=list)
+    timed_ms: float = 0.0
+    rounds: int = 0
+    stop: str = ""
+
+
+def interleave(tracks: Sequence[Track], plan: TimingPlan, on_start: OnStart, block: Callable[[int], None]) -> None:
+    """Run rounds until every track has stopped: each round, `on_start(i)` then `block(i)` (which
+    adds kernel i's samples and GPU time to its track) for each kernel still going, in an order
+    rotated by one every round; then each one's `stop_reason`."""
+    r = 0
+    while True:
+        active = [i for i, t in enumerate(tracks) if not t.stop]
+        if not active:
+            return
+        for j in range(len(active)):
+            i = active[(j + r) % len(active)]  # rotate the order, so no kernel always runs first
+            on_start(i)
+            block(i)
+        for i in active:
+            t = tracks[i]
+            t.rounds += 1
+            t.stop = stop_reason(t.samples, t.rounds, t.timed_ms, plan)
+        r += 1
 
 
 class GpuTimer:
-    """CUDA-event timing on the current device. Holds the L2 flush buffer (allocate once)."""
+    """CUDA timing on the current device. Holds a side stream and, once needed, the L2 flush
+    buffer (allocated once)."""
 
     def __init__(self) -> None:
         import torch
 
         self._torch = torch
-        l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 64 * 2**20)
-        self._flush_buf = torch.empty(max(2 * l2, 64 * 2**20) // 4, dtype=torch.int32, device="cuda")
+        props = torch.cuda.get_device_properties(0)
+        self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+        self._stream = torch.cuda.Stream()
+        self._flush_buf: Any = None
 
     def flush(self) -> None:
+        if self._flush_buf is None:
+            size = max(2 * self.l2_bytes, 64 * 2**20) // 4
+            self._flush_buf = self._torch.empty(size, dtype=self._torch.int32, device="cuda")
         self._flush_buf.zero_()
 
-    def time(self, launches: Sequence[Sequence[Launch]], plan: TimingPlan, on_start: OnStart) -> list[Timing]:
-        """`launches[i][s]` launches kernel i on input set s. One Timing per kernel, in order."""
-        estimates = [self._estimate(i, sets[0], on_start) for i, sets in enumerate(launches)]
-        blocks = [min(MAX_BLOCK, max(MIN_BLOCK, math.ceil(plan.block_ms / max(e, 1e-4)))) for e in estimates]
-        samples: list[list[float]] = [[] for _ in launches]
-        for r in range(plan.rounds):
-            for j in range(len(launches)):
-                i = (j + r) % len(launches)  # rotate the order, so no kernel always runs first
-                on_start(i)
-                samples[i].extend(self._block(launches[i], blocks[i], plan.flush_l2, first=r))
-        return [summarise(s, l2_flushed=plan.flush_l2, method="cuda-events") for s in samples]
-
-    def _estimate(self, index: int, fn: Launch, on_start: OnStart) -> float:
+    def time(self, launches: Sequence[Sequence[Launch]], plan: TimingPlan, on_start: OnStart,
+             cold: Sequence[bool] | None = None) -> list[Timing]:
+        """One Timing per kernel, in order. `launches[i]` are kernel i's launches, rotated over
+        (input sets, or copies of its data); with `plan.flush_l2`, `cold[i]` says they are enough
+        copies to read cold data without a flush (see the module docstring)."""
         torch = self._torch
-        on_start(index)
+        tracks = [Track(list(sets), plan.flush_l2 and not (cold is not None and cold[i]))
+                  for i, sets in enumerate(launches)]
+        torch.cuda.synchronize()
+        try:
+            with torch.cuda.stream(self._stream):
+                for i, t in enumerate(tracks):
+                    on_start(i)
+                    self._prepare(t, plan)
+                interleave(tracks, plan, on_start, lambda i: self._block(tracks[i]))
+        finally:
+            for t in tracks:
+                t.graphs.clear()
+        return [summarise(t.samples, l2_flushed=plan.flush_l2, method=t.method, spread_target=plan.spread_target,
+                          time_cap_ms=plan.time_cap_ms, stop_reason=t.stop, timed_ms=t.timed_ms) for t in tracks]
+
+    # ---- steps ------------------------------------------------------------------------------
+    def _prepare(self, t: Track, plan: TimingPlan) -> None:
+        """Warm up, estimate the launch time, and choose the method and the block size."""
+        torch = self._torch
+        fn = t.launches[0]
+        span = self._events(1)[0]
+        pairs = self._events(ESTIMATE_LAUNCHES)
+        span[0].record()
         for _ in range(WARMUP_LAUNCHES):
             fn()
-        torch.cuda.synchronize()
-        return quantile(sorted(self._block([fn], ESTIMATE_LAUNCHES, flush=False)), 0.5)
-
-    def _block(self, sets: Sequence[Launch], reps: int, flush: bool, first: int = 0) -> list[float]:
-        """`reps` launches, rotating over the input sets starting at set `first`."""
-        torch = self._torch
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(reps)]
-        if hasattr(torch.cuda, "_sleep"):
-            torch.cuda._sleep(SPIN_CYCLES)
-        for k, (start, end) in enumerate(events):
-            fn = sets[(first + k) % len(sets)]
-            if flush:
-                self._flush_buf.zero_()
+        for start, end in pairs:
             start.record()
             fn()
             end.record()
+        span[1].record()
         torch.cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in events]
+        t.timed_ms += span[0].elapsed_time(span[1])
+        t.estimate_ms = max(quantile(sorted(s.elapsed_time(e) for s, e in pairs), 0.5), 1e-4)
+        if not t.flush and t.estimate_ms < plan.graph_below_ms and self._capture(t):
+            t.method = METHOD_GRAPH
+            mean_launches = sum(n for _, n in t.graphs) / len(t.graphs)
+            t.per_block = min(MAX_REPLAYS, max(1, round(plan.block_ms / (t.estimate_ms * mean_launches))))
+        else:
+            t.per_block = min(MAX_BLOCK, max(1, math.ceil(plan.block_ms / t.estimate_ms)))
+
+    def _capture(self, t: Track) -> bool:
+        """Capture the kernel's graphs and replay each once (the first replay uploads it).
+        False, with the graphs dropped, when the launches cannot be captured."""
+        torch = self._torch
+        per_replay = min(MAX_GRAPH_LAUNCHES, max(1, math.ceil(REPLAY_MS / t.estimate_ms)))
+        pool = torch.cuda.graph_pool_handle()
+        try:
+            for indices in graph_layout(len(t.launches), per_replay):
+                t.graphs.append((self._graph([t.launches[k] for k in indices], pool), len(indices)))
+        except RuntimeError as e:
+            if failures.is_sticky(e):
+                raise
+            log.warning("CUDA-graph capture failed, timing with events instead: %s", failures.one_line(e))
+            t.graphs.clear()
+            torch.cuda.synchronize()
+            return False
+        span = self._events(1)[0]
+        span[0].record()
+        for g, _ in t.graphs:
+            g.replay()
+        span[1].record()
+        torch.cuda.synchronize()
+        t.timed_ms += span[0].elapsed_time(span[1])
+        return True
+
+    def _graph(self, fns: Sequence[Launch], pool: Any) -> Any:
+        """One graph of `fns` launched in order, captured on the timer's stream. The cyclic GC
+        is off meanwhile: a Triton kernel it finalised would unload its module, which is illegal
+        during a capture."""
+        torch = self._torch
+        g = torch.cuda.CUDAGraph()
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            g.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                for fn in fns:
+                    fn()
+            finally:
+                g.capture_end()
+        finally:
+            if enabled:
+                gc.enable()
+        return g
+
+    def _block(self, t: Track) -> None:
+        """One block of the kernel: its samples and GPU time are added to the track."""
+        torch = self._torch
+        n = t.per_block
+        pairs = self._events(n)
+        span = self._events(1)[0]
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(SPIN_CYCLES)
+        span[0].record()
+        launched: list[int] = []
+        for start, end in pairs:
+            if t.method == METHOD_GRAPH:
+                g, count = t.graphs[t.cursor % len(t.graphs)]
+                start.record()
+                g.replay()
+            else:
+                fn, count = t.launches[t.cursor % len(t.launches)], 1
+                if t.flush:
+                    self.flush()
+                start.record()
+                fn()
+            end.record()
+            t.cursor += 1
+            launched.append(count)
+        span[1].record()
+        torch.cuda.synchronize()
+        t.samples.extend(s.elapsed_time(e) / k for (s, e), k in zip(pairs, launched, strict=True))
+        t.timed_ms += span[0].elapsed_time(span[1])
+
+    def _events(self, n: int) -> list[tuple[Any, Any]]:
+        event = self._torch.cuda.Event
+        return [(event(enable_timing=True), event(enable_timing=True)) for _ in range(n)]

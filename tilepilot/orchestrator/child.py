@@ -10,14 +10,15 @@ for the compiler). Over one Pipe:
 - child -> parent at startup: ("ready", info) or ("error", exception, text);
 - parent -> child: ("evaluate", kernel, problem, configs), ("remeasure", kernel, problem,
   configs, rounds), ("recheck", kernel, problem, config), ("baseline", kernel, problem),
-  ("info",), ("compile", kernel, problem, config, target), ("stop",);
+  ("ceilings",), ("info",), ("compile", kernel, problem, config, target), ("stop",);
 - child -> parent while working: ("start", i) each time config i of the request starts a
   step (verification, a timed block), then ("done", payload);
 - a sticky CUDA error: ("sticky", i, message), then the child exits (a poisoned CUDA context
   never recovers);
 - any other exception: ("error", exception or None, text), and the child stays up.
 
-Everything sent pickles: Results, Checks, Timings and CompileOutcomes are frozen dataclasses.
+Everything sent pickles: Results, Checks, Timings, DeviceCeilings and CompileOutcomes are frozen
+dataclasses.
 The child exits by itself when its parent is gone. This module imports neither torch nor
 triton at module level: it is the first module the spawned process loads.
 """
@@ -116,7 +117,7 @@ class Child:
     """One child process seen from its parent. Not thread-safe: the caller serialises requests.
 
     `options` are keyword arguments of the role's server (for "gpu"/"interpret": the
-    Evaluator's input_sets, seed, rounds, block_ms).
+    Evaluator's input_sets, seed, rounds, block_ms, spread_target, time_cap_ms).
     """
 
     def __init__(self, role: str, options: Mapping[str, Any] | None = None) -> None:
@@ -338,6 +339,8 @@ class _EvalServer:
             return ev.recheck(*args)
         if op == "baseline":
             return ev.baseline(*args)
+        if op == "ceilings":
+            return ev.ceilings()
         if op == "info":
             return self.info()
         raise ValueError(f"unknown request {op!r} for an evaluating child")

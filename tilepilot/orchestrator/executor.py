@@ -7,11 +7,18 @@ it submits `Batch`es and polls for their results. Implementations: `ReplayExecut
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tilepilot.experiments import Config, Environment, GpuSample, Problem, Result, Timing
+from tilepilot.experiments import Config, DeviceCeilings, Environment, GpuSample, Problem, Result, Timing
+
+if TYPE_CHECKING:
+    from tilepilot.storage.store import Store
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,9 +82,35 @@ class Executor(ABC):
         """NVML samples of the executor's GPUs since the last call; [] without GPUs."""
         return []
 
+    def ceilings(self) -> dict[str, DeviceCeilings]:
+        """Measure the ceilings of the executor's devices now: one measurement per distinct (device,
+        driver), keyed by the worker that took it. {} where nothing real runs (replay, interpret)."""
+        return {}
+
     def running(self) -> dict[str, str]:
         """Worker id -> what it runs now, for the dashboard."""
         return {}
 
     def close(self) -> None:  # noqa: B027 - a no-op hook
         """Stop workers and release resources."""
+
+
+def record_ceilings(executor: Executor, store: Store, campaign_id: int) -> list[DeviceCeilings]:
+    """Measure and store the ceilings of the executor's devices unless the store has them for its
+    (device, driver) already; returns those stored now. Only the gpu backend measures any."""
+    env = executor.environment
+    if env.backend != "gpu" or store.ceilings(env.device, env.driver) is not None:
+        return []
+    stored = []
+    for worker, c in executor.ceilings().items():
+        if store.ceilings(c.device, c.driver) is None:
+            store.set_ceilings(c)
+            stored.append(c)
+            store.log_event("ceilings", f"{c.device} (driver {c.driver}): copy {c.copy_gbps:.0f} GB/s, "
+                            f"{c.matmul_dtype} matmul {c.matmul_tflops:.0f} TFLOP/s, measured by {worker}",
+                            campaign_id=campaign_id,
+                            data={"device": c.device, "driver": c.driver, "copy_gbps": c.copy_gbps,
+                                  "matmul_tflops": c.matmul_tflops})
+            log.info("ceilings of %s (driver %s): copy %.0f GB/s, matmul %.0f TFLOP/s", c.device, c.driver,
+                     c.copy_gbps, c.matmul_tflops)
+    return stored

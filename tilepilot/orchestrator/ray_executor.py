@@ -16,6 +16,7 @@ import ray
 
 from tilepilot.experiments import (
     Config,
+    DeviceCeilings,
     Environment,
     GpuSample,
     InputError,
@@ -131,6 +132,21 @@ class RayExecutor(Executor):
     def baseline(self, problem: Problem) -> tuple[str, Timing] | None:
         timing = fetch(self.workers[0].baseline.remote(self.family.name, problem, self.timeout_s))
         return (self.family.baseline_name or "baseline", timing) if timing else None
+
+    def ceilings(self) -> dict[str, DeviceCeilings]:
+        if self.backend != "gpu":
+            return {}
+        seen: set[tuple[str, str]] = set()
+        out: dict[str, DeviceCeilings] = {}
+        for worker, info in self.infos.items():
+            env = info.environment
+            if (env.device, env.driver) in seen:
+                continue
+            seen.add((env.device, env.driver))
+            measured = fetch(worker.ceilings.remote(self.timeout_s))
+            if measured is not None:
+                out[info.worker_id] = measured
+        return out
 
     def samples(self) -> list[GpuSample]:
         if self.backend != "gpu":

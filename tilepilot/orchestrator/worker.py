@@ -43,6 +43,7 @@ import ray
 
 from tilepilot.experiments import (
     Config,
+    DeviceCeilings,
     Environment,
     GpuSample,
     InputError,
@@ -92,11 +93,13 @@ class WorkerInfo:
 @ray.remote(max_concurrency=MAX_CONCURRENCY)
 class EvalWorker:
     def __init__(self, backend: str, *, worker_id: str | None = None, input_sets: int = 3, seed: int = 0,
-                 rounds: int = 4, block_ms: float = 10.0, startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+                 rounds: int = 3, block_ms: float = 1.0, spread_target: float = 0.02, time_cap_ms: float = 15.0,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         if backend not in BACKENDS:
             raise InputError(f"unknown worker backend {backend!r} (allowed: {', '.join(BACKENDS)})")
         self._backend = backend
-        self._options = {"input_sets": input_sets, "seed": seed, "rounds": rounds, "block_ms": block_ms}
+        self._options = {"input_sets": input_sets, "seed": seed, "rounds": rounds, "block_ms": block_ms,
+                         "spread_target": spread_target, "time_cap_ms": time_cap_ms}
         self._startup_timeout_s = startup_timeout_s
         self._lock = threading.Lock()
         self._node = socket.gethostname()
@@ -144,6 +147,16 @@ class EvalWorker:
             return outcome.payload  # type: ignore[no-any-return]
         log.warning("worker %s: the baseline of %s %s failed (%s: %s)", self._worker_id, kernel,
                     problem.label(), *outcome)
+        return None
+
+    def ceilings(self, timeout_s: float) -> DeviceCeilings | None:
+        """This GPU's copy bandwidth and matmul rate, measured now (None under the interpreter, or
+        when the measurement fails: logged)."""
+        with self._lock:
+            outcome = self._single(("ceilings",), timeout_s, lambda i: "device ceilings")
+        if isinstance(outcome, Done):
+            return outcome.payload  # type: ignore[no-any-return]
+        log.warning("worker %s: measuring the device ceilings failed (%s: %s)", self._worker_id, *outcome)
         return None
 
     def sample(self) -> GpuSample | None:

@@ -15,6 +15,7 @@ from tilepilot.experiments import (
     Campaign,
     Candidate,
     Config,
+    DeviceCeilings,
     Environment,
     Problem,
     Result,
@@ -152,7 +153,7 @@ def _flag(value: int | None) -> bool | None:
 RESULT_FIELDS = """e.problem, e.config, e.backend, e.device, e.torch, e.triton, e.driver,
 r.status, r.median_ms, r.p20_ms, r.p80_ms, r.min_ms, r.reps, r.rel_spread, r.l2_flushed,
 r.timing_method, r.max_rel_err, r.compile_ms, r.message, r.sm_clock_mhz, r.power_w, r.temp_c,
-r.extra, r.worker, r.measured_at"""
+r.extra, r.worker, r.measured_at, r.spread_target, r.time_cap_ms, r.stop_reason, r.timed_ms"""
 RESULT_JOIN = "results r JOIN experiments e ON e.key = r.experiment_key"
 
 
@@ -161,7 +162,8 @@ def result_from_row(r: Row) -> Result:
     timing = None
     if r["median_ms"] is not None:
         timing = Timing(r["median_ms"], r["p20_ms"], r["p80_ms"], r["min_ms"], r["reps"],
-                        bool(r["l2_flushed"]), r["timing_method"])
+                        bool(r["l2_flushed"]), r["timing_method"], r["spread_target"], r["time_cap_ms"],
+                        r["stop_reason"] or "", r["timed_ms"])
     return Result(
         problem=Problem.of(loads(r["problem"])),
         config=Config.of(loads(r["config"])),
@@ -189,6 +191,10 @@ def result_columns(result: Result) -> dict[str, Any]:
         "rel_spread": t.rel_spread if t else None,
         "l2_flushed": int(t.l2_flushed) if t else None,
         "timing_method": t.method if t else None,
+        "spread_target": t.spread_target if t else None,
+        "time_cap_ms": t.time_cap_ms if t else None,
+        "stop_reason": t.stop_reason if t else "",
+        "timed_ms": t.timed_ms if t else None,
         "max_rel_err": result.max_rel_err,
         "compile_ms": result.compile_ms,
         "message": result.message,
@@ -197,3 +203,14 @@ def result_columns(result: Result) -> dict[str, Any]:
         "temp_c": tel.temp_c,
         "extra": dumps(result.extra),
     }
+
+
+def ceilings_columns(c: DeviceCeilings) -> dict[str, Any]:
+    """The `devices` columns of a DeviceCeilings."""
+    return {"device": c.device, "driver": c.driver, "copy_gbps": c.copy_gbps, "matmul_tflops": c.matmul_tflops,
+            "matmul_dtype": c.matmul_dtype, "details": dumps(dict(c.details)), "measured_at": c.measured_at}
+
+
+def ceilings_from_row(r: Row) -> DeviceCeilings:
+    return DeviceCeilings(r["device"], r["driver"], r["copy_gbps"], r["matmul_tflops"], r["matmul_dtype"],
+                          loads(r["details"]), r["measured_at"])

@@ -17,6 +17,7 @@ import sqlite_utils
 from tilepilot.experiments import (
     Campaign,
     Candidate,
+    DeviceCeilings,
     GpuSample,
     InputError,
     Result,
@@ -48,6 +49,8 @@ from tilepilot.storage.rows import (
     TrialRow,
     WinnerRow,
     campaign_from_row,
+    ceilings_columns,
+    ceilings_from_row,
     dumps,
     queue_from_row,
     result_columns,
@@ -399,6 +402,25 @@ class Store:
         with self.transaction():
             self._insert("winners", record, f"ON CONFLICT(campaign_id, problem_key) DO UPDATE SET {updates}")
 
+
+    # -- device ceilings ---------------------------------------------------------------------------
+
+    def set_ceilings(self, c: DeviceCeilings) -> None:
+        """Upsert the ceilings of (device, driver); measured_at defaults to now."""
+        record = ceilings_columns(c)
+        record["measured_at"] = c.measured_at or time.time()
+        updates = ", ".join(f"{k} = excluded.{k}" for k in record if k not in ("device", "driver"))
+        with self.transaction():
+            self._insert("devices", record, f"ON CONFLICT(device, driver) DO UPDATE SET {updates}")
+
+    def ceilings(self, device: str, driver: str) -> DeviceCeilings | None:
+        """The ceilings measured for exactly this device and driver, or None."""
+        row = self._one("SELECT * FROM devices WHERE device = ? AND driver = ?", [device, driver])
+        return ceilings_from_row(row) if row else None
+
+    def all_ceilings(self) -> list[DeviceCeilings]:
+        """Every device's ceilings, newest first."""
+        return [ceilings_from_row(r) for r in self._rows("SELECT * FROM devices ORDER BY measured_at DESC")]
 
     # -- the hypothesis ledger -------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ class BestRow:
     trials: int
     device: str
     backend: str
+    roofline_pct: float | None = None  # the roofline time bound over median_ms, in percent (storage/roofline.py)
 
 
 @dataclass(frozen=True)

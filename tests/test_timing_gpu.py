@@ -1,0 +1,117 @@
+"""Timing on a real GPU: CUDA-graph replay agrees with per-launch events on a medium kernel, cold
+timing by rotating copies reads data that is not in L2 (as a flush does), adaptive repetitions
+record why they stopped, and the device ceilings are plausible for an H100 or H200."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tilepilot.experiments import Config, Problem, Status
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def prob(m: int, n: int, k: int) -> Problem:
+    return Problem.of({"M": m, "N": n, "K": k, "dtype": "bf16"})
+
+
+def cfg(bm: int, bn: int, bk: int, w: int = 4, s: int = 3) -> Config:
+    return Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
+                      "num_warps": w, "num_stages": s})
+
+
+@pytest.fixture(scope="module")
+def timer() -> Iterator[Any]:
+    from tilepilot.kernels.timing import GpuTimer
+
+    yield GpuTimer()
+
+
+@pytest.fixture(scope="module")
+def evaluator() -> Iterator[Any]:
+    from tilepilot.kernels.evaluate import Evaluator
+
+    yield Evaluator("gpu")
+
+
+def launches(problem: Problem, config: Config, sets: int, seed: int = 0) -> list[Any]:
+    from tilepilot.kernels import get_family
+    from tilepilot.kernels.evaluate import Evaluator
+
+    family = get_family("matmul")
+    compiled = family.compile(problem, config, Evaluator("gpu").target())
+    out = []
+    for s in range(sets):
+        inputs = family.make_inputs(problem, seed + s, "cuda")
+        out.append(family.launcher(problem, config, inputs, family.make_output(problem, inputs), compiled))
+    return out
+
+
+def plan(**kw: Any) -> Any:
+    from tilepilot.kernels.timing import TimingPlan
+
+    return TimingPlan(**{"rounds": 5, "block_ms": 2.0, "spread_target": 0.0, "time_cap_ms": 20.0, **kw})
+
+
+def test_graph_replay_agrees_with_event_timing_on_a_medium_kernel(timer: Any) -> None:
+    fns = launches(prob(2048, 2048, 2048), cfg(128, 128, 64, w=8), 3)
+    graph, events = timer.time([fns, fns], plan(flush_l2=False, graph_below_ms=1.0), lambda i: None)
+    only_events = timer.time([fns], plan(flush_l2=False, graph_below_ms=0.0), lambda i: None)[0]
+    assert graph.method == "cuda-graph" and events.method == "cuda-graph" and only_events.method == "cuda-events"
+    assert 0.005 < graph.median_ms < 0.5
+    assert only_events.median_ms == pytest.approx(graph.median_ms, rel=0.03)
+
+
+def test_cold_rotation_reads_from_memory_like_a_flush(timer: Any) -> None:
+    from tilepilot.kernels.timing import cold_copies_needed
+
+    problem, config = prob(16, 4096, 4096), cfg(16, 64, 128, s=4)  # B is 32 MiB: fits the L2 warm
+    footprint = 4096 * 4096 * 2 + 16 * 4096 * 2 * 2
+    copies = launches(problem, config, cold_copies_needed(footprint, timer.l2_bytes))
+    warm = timer.time([copies[:1]], plan(flush_l2=False), lambda i: None)[0]
+    rotated = timer.time([copies], plan(flush_l2=True), lambda i: None, cold=[True])[0]
+    flushed = timer.time([copies[:1]], plan(flush_l2=True), lambda i: None, cold=[False])[0]
+    assert (rotated.method, rotated.l2_flushed) == ("cuda-graph", True)
+    assert (flushed.method, flushed.l2_flushed) == ("cuda-events", True)
+    assert rotated.median_ms > 1.1 * warm.median_ms, (rotated.median_ms, warm.median_ms)
+    assert rotated.median_ms == pytest.approx(flushed.median_ms, rel=0.15)
+
+
+def test_adaptive_repetitions_record_why_they_stopped(evaluator: Any) -> None:
+    from tilepilot.kernels.timing import TimingPlan
+
+    problem = prob(4096, 4096, 4096)
+    configs = [cfg(128, 128, 64, w=8), cfg(64, 128, 64), cfg(128, 256, 64, w=8)]
+    for r in evaluator.evaluate("matmul", problem, configs):
+        t = r.timing
+        assert r.status is Status.OK and t.stop_reason in ("spread", "cap")
+        assert (t.spread_target, t.time_cap_ms) == (0.02, 15.0) and t.l2_flushed
+        assert t.stop_reason == "cap" or t.rel_spread <= 0.02
+        assert 0 < t.timed_ms < 15.0 + 10 * t.median_ms + 5.0  # the cap, plus warm-up and one block
+        assert r.extra["work_flops"] == 2 * 4096**3 and r.extra["cold_copies"] >= 2
+    never = TimingPlan(rounds=3, block_ms=1.0, spread_target=0.0, time_cap_ms=6.0)
+    lax = TimingPlan(rounds=3, block_ms=1.0, spread_target=0.5, time_cap_ms=1000.0)
+    small = prob(16, 4096, 4096)
+    for r in evaluator.evaluate("matmul", small, configs[:2], plan=never):
+        assert (r.timing.stop_reason, r.timing.method) == ("cap", "cuda-graph") and r.timing.timed_ms >= 6.0
+    for r in evaluator.evaluate("matmul", small, configs[:2], plan=lax):
+        assert r.timing.stop_reason == "spread" and r.timing.timed_ms < 10.0
+
+
+def test_baseline_is_timed_cold_by_rotation_too(evaluator: Any) -> None:
+    t = evaluator.baseline("matmul", prob(16, 4096, 4096))
+    assert t.l2_flushed and t.method == "cuda-graph" and t.stop_reason in ("spread", "cap")
+
+
+def test_ceilings_are_plausible_for_a_hopper_gpu() -> None:
+    from tilepilot.kernels.ceilings import measure_ceilings
+
+    c = measure_ceilings()
+    assert c.device == torch.cuda.get_device_name(0) and c.driver
+    assert 1000 < c.copy_gbps < 4000 or ("H200" in c.device and 1000 < c.copy_gbps < 5000)
+    assert 300 < c.matmul_tflops < 1000
+    assert c.details["copy"]["rel_spread"] < 0.1 and c.details["matmul"]["rel_spread"] < 0.1
