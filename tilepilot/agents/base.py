@@ -93,6 +93,9 @@ class SearchState:
 
 class Proposer(ABC):
     name: ClassVar[str]
+    # A sweep means to measure every config it proposes: the driver drops none of them for a
+    # failure elsewhere (a person still may).
+    exhaustive: ClassVar[bool] = False
 
     def __init__(self, ctx: ProposerContext) -> None:
         self.ctx = ctx

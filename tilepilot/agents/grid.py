@@ -12,6 +12,7 @@ from tilepilot.experiments import Candidate, Config
 
 class GridProposer(Proposer):
     name = "grid"
+    exhaustive = True
 
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)

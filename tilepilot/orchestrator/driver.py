@@ -231,6 +231,35 @@ class Driver:
                      for c in self.first if c not in run.state.seen]
             self._admit(run, fresh)
 
+    def _enqueue_warm(self) -> None:
+        """Winners of nearby problems and what the learnings imply, queued first (see `warm_start`)."""
+        env = self.executor.environment
+        kernel = self.campaign.kernel
+        winners = self.store.winners_of(kernel, env.device)
+        statements = {r.id: r.hypothesis for r in self.store.hypotheses(kernel=kernel, device=env.device)}
+        rules = [Rule(row.learning, statements[row.learning.hypothesis_id])
+                 for row in self.store.learnings(kernel=kernel, device=env.device)
+                 if row.learning.hypothesis_id in statements]
+        queued = 0
+        for run in self.runs.values():
+            room = self.campaign.budget - run.counted - len(run.state.pending)
+            cands = warm_candidates(run.problem, run.space, winners, rules, budget=self.campaign.budget,
+                                    torch=env.torch, triton=env.triton, skip=run.state.seen)[:max(0, room)]
+            if not cands:
+                continue
+            queued += len(cands)
+            self._admit(run, cands)
+            self.store.log_event("warm_start", f"{run.problem.label()}: {len(cands)} config(s) first, "
+                                 + "; ".join(c.rationale.removeprefix("warm start: ") for c in cands[:3]),
+                                 campaign_id=self.campaign_id, data={
+                                     "problem": run.problem.key(),
+                                     "configs": [{"config": c.config.as_dict(), "source": c.rationale} for c in cands]})
+        if not queued:
+            why = (f"no winner of {kernel} on {env.device} in the store" if not winners
+                   else "no winner of a nearby problem fits this campaign's spaces")
+            self.store.log_event("warm_start", f"starting cold: {why}", campaign_id=self.campaign_id,
+                                 data={"configs": []})
+
     def _fill(self) -> None:
         for run in self.runs.values():
             want = min(self.campaign.budget - run.counted - len(run.state.pending) - run.reserved,
@@ -244,6 +273,8 @@ class Driver:
                 self.store.log_event("exhausted", f"{run.proposer.name} has nothing more to propose "
                                      f"for {run.problem.label()}", campaign_id=self.campaign_id)
                 continue
+            # a config dropped off the queue is in `seen`, but a proposer may not have been told (llm)
+            proposals = [c for c in proposals if c.config not in run.state.dropped]
             for cand in proposals:
                 if cand.config in run.state.seen:
                     raise RuntimeError(f"{run.proposer.name} proposed a config it had seen: {cand.config}")
@@ -284,12 +315,40 @@ class Driver:
             run.state.pending.add(cand.config)
         if not fresh:
             return
-        ids = self.store.enqueue(self.campaign_id, fresh, priorities=[0.0] * len(fresh),
+        priorities = [-float(self._seq + i) for i in range(1, len(fresh) + 1)]  # behind everything queued
+        self._seq += len(fresh)
+        ids = self.store.enqueue(self.campaign_id, fresh, priorities=priorities,
                                  reasons=[f"in proposal order ({c.proposer})" for c in fresh])
         for qid, cand in zip(ids, fresh, strict=True):
             self.candidates[qid] = cand
         self.store.log_event("queued", f"{len(fresh)} config(s) queued for {run.problem.label()} "
                              f"by {fresh[0].proposer}", campaign_id=self.campaign_id)
+        if self._failures and not run.proposer.exhaustive:
+            self._drop(run, [(qid, why) for qid, cand in zip(ids, fresh, strict=True)
+                             if (why := self._failures.match(run.problem, cand.config))])
+
+    def _drop(self, run: ProblemRun, drops: list[tuple[int, str]], *, by_person: bool = False) -> None:
+        """Take queued entries off the queue unmeasured; they are never proposed again."""
+        if not drops:
+            return
+        with self.store.transaction():
+            self.store.drop_queued(drops)
+            configs = []
+            for qid, _ in drops:
+                cand = self.candidates.pop(qid)
+                run.state.pending.discard(cand.config)
+                run.state.dropped.add(cand.config)
+                self._promoted.discard(qid)
+                self._pinned.discard(qid)
+                configs.append(cand.config)
+            if not by_person:
+                self.store.log_event(
+                    "dropped", f"{len(drops)} queued config(s) of {run.problem.label()} dropped: "
+                    f"{configs[0].label()}: {drops[0][1].removeprefix('dropped: ')}"
+                    + (f"; {len(drops) - 1} more" if len(drops) > 1 else ""),
+                    campaign_id=self.campaign_id, data={"problem": run.problem.key(), "dropped": [
+                        {"queue_id": qid, "config": c.as_dict(), "reason": why}
+                        for (qid, why), c in zip(drops, configs, strict=True)]})
 
     def _settle_without_measuring(self, run: ProblemRun, cand: Candidate) -> bool:
         """Invalid configs and experiments already in the store need no GPU."""
@@ -331,8 +390,11 @@ class Driver:
 
     def _collect(self, timeout_s: float) -> None:
         for batch, results in self.executor.poll(timeout_s):
+            self._touched.add(batch.problem)
             for qid, result in zip(batch.queue_ids, results, strict=True):
                 cand = self.candidates.pop(qid)
+                self._pinned.discard(qid)
+                self._promoted.discard(qid)
                 self._store_result(cand, result, reused=False, queue_id=qid)
             if self.on_progress:
                 bests = {p: r.state.best() for p, r in self.runs.items()}
@@ -363,6 +425,139 @@ class Driver:
         if result.status.counts_against_budget:
             run.counted += 1
         run.proposer.observe([result])
+        if self._failures.learn(result):
+            self._touched.update(self.runs)  # a new failure region: every problem's queue is checked
+
+    # ---- re-scoring the queue ------------------------------------------------------------
+    def _rescore(self) -> None:
+        """Re-score the queued entries of the problems that got results (see `queue_scoring`)."""
+        statuses = self._hypothesis_statuses()
+        touched, self._touched = self._touched, set()
+        for run in self.runs.values():
+            if run.problem in touched:
+                self._rescore_problem(run, statuses)
+
+    def _rescore_problem(self, run: ProblemRun, statuses: list[HypothesisStatus]) -> None:
+        rows = [r for r in self.store.queued(self.campaign_id, problem_key=run.problem.key())
+                if r.id in self.candidates and r.id not in self._pinned and r.id not in self._promoted]
+        if not rows:
+            return
+        if self._failures and not run.proposer.exhaustive:
+            drops = [(r.id, why) for r in rows if (why := self._failures.match(run.problem, r.config))]
+            self._drop(run, drops)
+            gone = {qid for qid, _ in drops}
+            rows = [r for r in rows if r.id not in gone]
+        entries = [Entry(r.id, r.config, r.hypothesis_id, r.priority, r.reason) for r in rows]
+        out = rescore(run.problem, entries, predict=run.proposer.score, hypotheses=statuses)
+        if not out.updates:
+            return
+        with self.store.transaction():
+            self.store.reprioritise(out.updates)
+            if out.moves:
+                self.store.log_event("reordered", out.message(run.problem), campaign_id=self.campaign_id,
+                                     data=out.data(run.problem))
+
+    def _hypothesis_statuses(self) -> list[HypothesisStatus]:
+        """This campaign's hypotheses with their latest figures; problems whose entries a verdict
+        just changed (in scope, or testing it) are marked for re-scoring."""
+        lab = self.hypotheses.lab
+        if not lab.hypotheses:
+            return []
+        states = {hid: str(state) for hid, state in lab.states.items()}
+        changed = {hid for hid, state in states.items() if self._hypothesis_states.get(hid) != state}
+        self._hypothesis_states = states
+        if changed:
+            for run in self.runs.values():
+                if any(lab.hypotheses[h].scope.contains(run.problem) for h in changed):
+                    self._touched.add(run.problem)
+            self._touched.update(c.problem for c in self.candidates.values() if c.hypothesis_id in changed)
+        if not self._touched:
+            return []
+        return [HypothesisStatus(r.hypothesis, r.state, r.pairs, r.effect, r.noise)
+                for r in self.store.hypotheses(campaign_id=self.campaign_id)]
+
+    # ---- a person's controls --------------------------------------------------------------
+    def _controls(self) -> None:
+        """Honour the campaign's control and answer the requests on its queue, in order."""
+        requests = self.store.requests(self.campaign_id, after=self._answered)
+        control = self.store.control(self.campaign_id)
+        asked = [r for r in requests if r.action not in QUEUE_REQUESTS]
+        last = asked[-1].id if asked else None
+        running = self.executor.in_flight()
+        if control == "stop" and not self._stopping:
+            self._stopping = True
+            self._answer(last, "stop", f"stopping: a person asked; {running} batch(es) running finish first, "
+                         "nothing new starts")
+        elif control == "pause" and not self._paused:
+            self._paused = True
+            self._answer(last, "pause", f"paused by a person: nothing new starts; {running} batch(es) running "
+                         "finish")
+        elif control != "pause" and self._paused:
+            self._paused = False
+            self._answer(last, "resume", "resumed by a person")
+        for r in requests:
+            if r.action in QUEUE_REQUESTS:
+                self._honour(r)
+        if requests:
+            self._answered = requests[-1].id
+
+    def _answer(self, request: int | None, action: str, message: str, *, queue_id: int | None = None,
+                honoured: bool = True) -> None:
+        self.store.log_event("control", message, campaign_id=self.campaign_id, data={
+            "request": request, "action": action, "queue_id": queue_id, "honoured": honoured})
+
+    def _honour(self, r: ControlRequest) -> None:
+        qid = r.queue_id
+        row = self.store.queue_row(qid) if qid is not None else None
+        if row is None or row.campaign_id != self.campaign_id or row.state != "queued" or qid not in self.candidates:
+            state = "unknown" if row is None or row.campaign_id != self.campaign_id else row.state
+            self._answer(r.id, r.action, f"{r.action} of queue entry {qid} not done: it is {state}, not queued",
+                         queue_id=qid, honoured=False)
+            return
+        assert qid is not None
+        run = self.runs[row.problem]
+        what = f"queue entry {qid} ({run.problem.label()} {row.config.label()})"
+        with self.store.transaction():
+            if r.action == "drop":
+                self._drop(run, [(qid, "dropped by a person")], by_person=True)
+                self._answer(r.id, "drop", f"{what} dropped by a person", queue_id=qid)
+            elif r.action == "promote":
+                self._promoted.add(qid)
+                self.store.reprioritise([(qid, self._head(pinned=False) + 1.0, PROMOTED)])
+                self._keep_pins_first()
+                self._answer(r.id, "promote", f"{what} promoted to the head of the queue by a person", queue_id=qid)
+            else:
+                self._pinned.add(qid)
+                self.store.pin_queued(qid, priority=self._head(pinned=True) + 1.0, reason=PINNED)
+                self._answer(r.id, "pin", f"{what} pinned at the head of the queue by a person", queue_id=qid)
+
+    def _head(self, *, pinned: bool) -> float:
+        """The highest priority among the queued entries (pinned ones too, or not)."""
+        rows = self.store.queued(self.campaign_id, limit=len(self._pinned) + 1)
+        top = [r.priority for r in rows if pinned or r.id not in self._pinned]
+        return max(top, default=0.0)
+
+    def _keep_pins_first(self) -> None:
+        """Pinned entries keep priorities above all others (so every view of the queue agrees)."""
+        floor = self._head(pinned=False)
+        pins = [r for r in self.store.queued(self.campaign_id, limit=len(self._pinned)) if r.id in self._pinned]
+        if pins and min(r.priority for r in pins) <= floor:
+            self.store.reprioritise([(r.id, floor + len(pins) - i, r.reason) for i, r in enumerate(pins)])
+
+    def _stop(self) -> list[WinnerRow]:
+        """Stop as a person asked: nothing runs now; the campaign is interrupted and can be resumed."""
+        for run in self.runs.values():
+            run.proposer.close()
+            self._drain(run, adopt=False)
+        self.store.clear_control(self.campaign_id, "stop")
+        self.store.set_campaign_state(self.campaign_id, "interrupted")
+        left = len(self.candidates)
+        self.store.log_event("campaign_stopped", f"campaign {self.campaign.name} stopped by a person after "
+                             f"{self._done()} trials ({left} config(s) left in the queue); resume with "
+                             "tilepilot tune --resume", campaign_id=self.campaign_id,
+                             data={"trials": self._done(), "queued": left})
+        self.stopped = True
+        return []
 
     def _key(self, problem: Problem, config: Config) -> str:
         return experiment_key(self.campaign.kernel, self.executor.kernel_version, problem, config,

@@ -47,6 +47,7 @@ class TuneOptions:
     resume: bool = False
     dry_run: bool = False
     workers: int | None = None
+    cold: bool = False  # a new campaign starts without the winners of nearby problems (no warm start)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class Outcome:
     campaign_id: int
     device: str
     winners: list[WinnerRow]
+    stopped: bool = False  # a person stopped it (`tilepilot stop`): interrupted, resumable with --resume
 
 
 def plan(opts: TuneOptions) -> Plan:
@@ -188,14 +190,15 @@ def tune(opts: TuneOptions, *, on_progress: ProgressFn | None = None) -> Outcome
             campaign_id = open_campaign(store, p, opts, executor.environment.device)
             try:
                 driver = Driver(p.campaign, p.family, store, executor, spaces=p.spaces,
-                                campaign_id=campaign_id, first=p.first, on_progress=on_progress)
+                                campaign_id=campaign_id, first=p.first, on_progress=on_progress,
+                                warm_start=not (opts.cold or opts.resume))
                 winners = driver.run()
             except BaseException:
                 store.set_campaign_state(campaign_id, "interrupted")
                 store.log_event("campaign_interrupted", f"campaign {p.campaign.name} interrupted; "
                                 "resume with --resume", campaign_id=campaign_id)
                 raise
-            return Outcome(p, campaign_id, executor.environment.device, winners)
+            return Outcome(p, campaign_id, executor.environment.device, winners, stopped=driver.stopped)
         finally:
             executor.close()
     finally:

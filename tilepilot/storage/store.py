@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import astuple, fields
+from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +17,11 @@ import sqlite_utils
 from tilepilot.experiments import (
     Campaign,
     Candidate,
+    Config,
     DeviceCeilings,
     GpuSample,
     InputError,
+    Problem,
     Result,
     experiment_key,
 )
@@ -52,6 +54,7 @@ from tilepilot.storage.rows import (
     ceilings_columns,
     ceilings_from_row,
     dumps,
+    loads,
     queue_from_row,
     result_columns,
     result_from_row,
@@ -61,6 +64,9 @@ from tilepilot.storage.schema import CAMPAIGN_STATES, QUEUE_STATES, open_databas
 
 log = logging.getLogger(__name__)
 
+CONTROLS = ("", "pause", "stop")  # campaigns.control
+QUEUE_REQUESTS = ("promote", "drop", "pin")
+REQUESTS = ("pause", "resume", "stop", *QUEUE_REQUESTS)
 _STARTED = ("compiling", "running")
 _ENDED = ("done", "dropped")
 _WINNER_COLUMNS = tuple(f.name for f in fields(WinnerRow))
@@ -311,15 +317,17 @@ class Store:
         return ids
 
     def queued(self, campaign_id: int, *, states: Sequence[str] = ("queued",),
-               limit: int | None = None) -> list[QueueRow]:
-        """Queue rows of the campaign in these states, highest priority first, then oldest."""
+               limit: int | None = None, problem_key: str | None = None) -> list[QueueRow]:
+        """Queue rows of the campaign in these states (of one problem, given its key): pinned
+        first, then highest priority, then oldest."""
         for s in states:
             _check(s, QUEUE_STATES, "queue state")
         marks = ", ".join("?" * len(states))
+        cond, params = ("AND problem_key = ? ", [problem_key]) if problem_key is not None else ("", [])
         rows = self._rows(
-            f"SELECT * FROM queue WHERE campaign_id = ? AND state IN ({marks}) "
-            "ORDER BY priority DESC, id ASC LIMIT ?",
-            [campaign_id, *states, -1 if limit is None else limit])
+            f"SELECT * FROM queue WHERE campaign_id = ? AND state IN ({marks}) {cond}"
+            "ORDER BY pinned DESC, priority DESC, id ASC LIMIT ?",
+            [campaign_id, *states, *params, -1 if limit is None else limit])
         return [queue_from_row(r) for r in rows]
 
     def set_queue_state(self, queue_id: int, state: str, *, worker: str = "",
@@ -365,6 +373,114 @@ class Store:
                 "UPDATE queue SET state = 'queued', worker = '', started_at = NULL "
                 "WHERE campaign_id = ? AND state IN (?, ?)", [campaign_id, *_STARTED])
         return cur.rowcount
+
+    def drop_queued(self, drops: Sequence[tuple[int, str]]) -> None:
+        """Take queued rows off the queue unmeasured: state 'dropped', the reason why, finished_at now.
+
+        Raises KeyError for an unknown id, ValueError for a row that is not in state 'queued'.
+        """
+        now = time.time()
+        with self.transaction():
+            for queue_id, reason in drops:
+                row = self._one("SELECT state FROM queue WHERE id = ?", [queue_id])
+                if row is None:
+                    raise KeyError(f"no queue row with id {queue_id}")
+                if row["state"] != "queued":
+                    raise ValueError(f"queue row {queue_id} is {row['state']}, not queued")
+                self.db.execute("UPDATE queue SET state = 'dropped', reason = ?, finished_at = ? WHERE id = ?",
+                                [reason, now, queue_id])
+
+    def pin_queued(self, queue_id: int, *, priority: float, reason: str, pinned: bool = True) -> None:
+        """Pin a row at the head of its campaign's queue (or unpin it), with its priority and reason.
+        Raises KeyError for an unknown id."""
+        with self.transaction():
+            cur = self.db.execute("UPDATE queue SET pinned = ?, priority = ?, reason = ? WHERE id = ?",
+                                  [int(pinned), float(priority), reason, queue_id])
+            if cur.rowcount == 0:
+                raise KeyError(f"no queue row with id {queue_id}")
+
+    def pinned_ids(self, campaign_id: int | None = None) -> set[int]:
+        """Ids of the pinned rows still queued or running (of one campaign, or of all)."""
+        cond, params = ("AND campaign_id = ? ", [campaign_id]) if campaign_id is not None else ("", [])
+        return {int(r["id"]) for r in self._rows(
+            f"SELECT id FROM queue WHERE pinned = 1 {cond}AND state IN ('queued', 'compiling', 'running')", params)}
+
+    def queue_row(self, queue_id: int) -> QueueRow | None:
+        row = self._one("SELECT * FROM queue WHERE id = ?", [queue_id])
+        return queue_from_row(row) if row else None
+
+    def queue_listing(self, campaign_id: int | None = None) -> list[QueueRow]:
+        """What runs now (oldest start first), then what runs next in dispatch order, of one
+        campaign or of all (by campaign id)."""
+        cond, params = ("campaign_id = ? AND ", [campaign_id]) if campaign_id is not None else ("", [])
+        rows = self._rows(
+            f"SELECT * FROM queue WHERE {cond}state IN ('queued', 'compiling', 'running') ORDER BY campaign_id, "
+            "state = 'queued', started_at, pinned DESC, priority DESC, id", params)
+        return [queue_from_row(r) for r in rows]
+
+    # -- a person's controls -----------------------------------------------------------------------
+
+    def set_control(self, campaign_id: int, control: str) -> None:
+        """Set the campaign's control ("" | "pause" | "stop"), honoured by its driver at its next step.
+        Raises KeyError for an unknown campaign, ValueError for an unknown control."""
+        _check(control, CONTROLS, "control")
+        with self.transaction():
+            cur = self.db.execute("UPDATE campaigns SET control = ? WHERE id = ?", [control, campaign_id])
+            if cur.rowcount == 0:
+                raise KeyError(f"no campaign with id {campaign_id}")
+
+    def clear_control(self, campaign_id: int, control: str) -> bool:
+        """Clear the control if it is still `control` (a newer request is kept); True when cleared."""
+        with self.transaction():
+            cur = self.db.execute("UPDATE campaigns SET control = '' WHERE id = ? AND control = ?",
+                                  [campaign_id, control])
+        return cur.rowcount == 1
+
+    def control(self, campaign_id: int) -> str:
+        row = self._one("SELECT control FROM campaigns WHERE id = ?", [campaign_id])
+        if row is None:
+            raise KeyError(f"no campaign with id {campaign_id}")
+        return str(row["control"])
+
+    def add_request(self, campaign_id: int, action: str, *, queue_id: int | None = None, message: str = "") -> int:
+        """Record a person's request (event `control_request`) for the campaign's driver; returns its id."""
+        _check(action, REQUESTS, "request")
+        with self.transaction():
+            cur = self._insert("events", {
+                "ts": time.time(), "campaign_id": campaign_id, "kind": "control_request",
+                "message": message or f"a person asked to {action}" + (f" queue entry {queue_id}" if queue_id else ""),
+                "data": dumps({"action": action, "queue_id": queue_id})})
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def requests(self, campaign_id: int, *, after: int = 0) -> list[ControlRequest]:
+        """The campaign's requests with an id above `after`, oldest first."""
+        rows = self._rows("SELECT id, ts, data FROM events WHERE kind = 'control_request' AND campaign_id = ? "
+                          "AND id > ? ORDER BY id", [campaign_id, after])
+        out = []
+        for r in rows:
+            data = loads(r["data"])
+            qid = data.get("queue_id")
+            out.append(ControlRequest(int(r["id"]), float(r["ts"]), str(data.get("action", "")),
+                                      None if qid is None else int(qid)))
+        return out
+
+    def last_answered_request(self, campaign_id: int) -> int:
+        """The highest request id the campaign's driver has answered (events `control` carry it), or 0."""
+        row = self._one("SELECT MAX(CAST(json_extract(data, '$.request') AS INTEGER)) AS n FROM events "
+                        "WHERE kind = 'control' AND campaign_id = ?", [campaign_id])
+        return int(row["n"]) if row and row["n"] is not None else 0
+
+    # -- warm start --------------------------------------------------------------------------------
+
+    def winners_of(self, kernel: str, device: str) -> list[WinnerSource]:
+        """Every declared winner of `kernel` measured on `device` (exactly that name), newest first."""
+        rows = self._rows(
+            "SELECT e.problem, e.config, w.median_ms, c.name AS campaign, e.torch, e.triton, w.decided_at "
+            "FROM winners w JOIN experiments e ON e.key = w.experiment_key JOIN campaigns c ON c.id = w.campaign_id "
+            "WHERE e.kernel = ? AND e.device = ? ORDER BY w.decided_at DESC, w.campaign_id DESC", [kernel, device])
+        return [WinnerSource(Problem.of(loads(r["problem"])), Config.of(loads(r["config"])), float(r["median_ms"]),
+                             r["campaign"], r["torch"], r["triton"], float(r["decided_at"])) for r in rows]
 
     # -- events, GPU samples, winners ----------------------------------------------------------
 
@@ -500,6 +616,29 @@ class Store:
     def llm_calls(self, campaign_id: int | None = None) -> list[LlmCallRow]:
         """Calls of one campaign (or all), newest first."""
         return select_llm_calls(self._rows, campaign_id=campaign_id)
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """A person's request to a campaign's driver (`tilepilot queue promote|drop|pin`, `pause|resume|stop`)."""
+
+    id: int  # the event's id: requests are answered in this order
+    ts: float
+    action: str  # one of REQUESTS
+    queue_id: int | None  # the queue row, for promote, drop and pin
+
+
+@dataclass(frozen=True)
+class WinnerSource:
+    """A declared winner a new campaign may start from."""
+
+    problem: Problem
+    config: Config
+    median_ms: float
+    campaign: str
+    torch: str
+    triton: str
+    decided_at: float
+
 
 def _check(value: str, allowed: Sequence[str], what: str) -> None:
     if value not in allowed:
