@@ -4,12 +4,13 @@ driver) and stores them; replay (and interpret) campaigns measure none."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from tests.replay_fixture import write_campaign, write_dataset
-from tilepilot.experiments import DeviceCeilings
+from tilepilot.experiments import Config, DeviceCeilings, Problem, Result
 from tilepilot.kernels.registry import get_family
 from tilepilot.orchestrator.driver import Driver
-from tilepilot.orchestrator.executor import record_ceilings
+from tilepilot.orchestrator.executor import Batch, record_ceilings
 from tilepilot.orchestrator.replay import load_dataset
 from tilepilot.orchestrator.replay_executor import ReplayExecutor
 from tilepilot.orchestrator.tune import TuneOptions, open_campaign, plan
@@ -29,6 +30,15 @@ class GpuLabelled(ReplayExecutor):
     def ceilings(self) -> dict[str, DeviceCeilings]:
         self.asked += 1
         return {} if self.given is None else {"gpu-0": self.given}
+
+    def poll(self, timeout_s: float) -> list[tuple[Batch, list[Result]]]:
+        return [(b, self._relabel(rs)) for b, rs in super().poll(timeout_s)]
+
+    def remeasure(self, problem: Problem, configs: Sequence[Config]) -> list[Result]:
+        return self._relabel(super().remeasure(problem, configs))
+
+    def _relabel(self, results: list[Result]) -> list[Result]:
+        return [dataclasses.replace(r, env=self.environment) for r in results]
 
 
 def _setup(tmp_path, name="t"):

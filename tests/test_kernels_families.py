@@ -47,6 +47,10 @@ def tokens(t: int, h: int, dtype: str) -> dict[str, Any]:
     return {"T": t, "H": h, "dtype": dtype}
 
 
+def moe(m: int, e: int, topk: int, n: int, k: int, dtype: str) -> dict[str, Any]:
+    return {"M": m, "E": e, "topk": topk, "N": n, "K": k, "dtype": dtype}
+
+
 ROW_ISSUE = tuple(rows(r, c, "bf16") for r, c in ((1, 8192), (256, 4096), (4096, 8192), (16384, 16384)))
 ROW_SMALL = (rows(33, 300, "fp16"), rows(4, 1000, "fp32"))  # ragged: 300 and 1000 are no block multiple
 ROW_BAD = (
@@ -64,6 +68,7 @@ class Case:
     small: tuple[dict[str, Any], ...]  # interpreter-sized, fp16/fp32, ragged
     shapes: tuple[dict[str, Any], ...]  # the issue's shape set
     bad: tuple[tuple[dict[str, Any], str], ...]  # a problem and the regex of its one-line error
+    operands_are_the_work: bool = True  # False: work bytes count only what is read (fused_moe: experts hit)
 
 
 CASES = {
@@ -78,6 +83,18 @@ CASES = {
          (tokens(0, 128, "fp16"), r"T=0 is not a positive integer"),
          ({**tokens(1, 128, "fp16"), "group": 64}, r"unknown {name} problem key 'group' \(allowed: T, H, dtype\)"),
          (tokens(2**20, 2**20, "bf16"), r"x \(T×2H\) has 2199023255552 elements"))),
+    "fused_moe": Case(
+        (moe(5, 4, 2, 80, 96, "fp16"), moe(16, 8, 2, 48, 40, "fp16")),  # ragged N and K; M·topk not a block multiple
+        tuple(moe(m, e, t, n, k, "bf16") for e, t, n, k in ((8, 2, 14336, 4096), (64, 6, 1408, 2048))
+              for m in (1, 16, 64, 256, 1024, 4096)),
+        ((moe(4, 4, 5, 64, 64, "fp16"), r"topk=5 is more than E=4"),
+         (moe(4, 4, 2, 64, 64, "fp32"), r"dtype='fp32' is not one of \{{bf16, fp16\}}"),
+         (moe(0, 4, 2, 64, 64, "fp16"), r"M=0 is not a positive integer"),
+         ({**moe(4, 4, 2, 64, 64, "fp16"), "renormalize": True},
+          r"unknown {name} problem key 'renormalize' \(allowed: M, E, topk, N, K, dtype\)"),
+         (moe(1048576, 8, 2, 4096, 4096, "bf16"), r"A \(M×K\) has 4294967296 elements"),
+         (moe(65536, 8, 2, 32768, 64, "bf16"), r"C \(M×topk×N\) has 4294967296 elements")),
+        operands_are_the_work=False),
     USER_FAMILY: Case(
         ({"n": 1000, "dtype": "fp16"}, {"n": 4099, "dtype": "fp32"}),
         ({"n": 1, "dtype": "fp32"}, {"n": 2**28, "dtype": "fp16"}),
@@ -201,9 +218,12 @@ class TestFamilyContract:
         for problem in interpreted["problems"]:
             assert problem["poisoned_before"] > 0 and problem["nonfinite_after"] == 0
 
-    def test_work_bytes_are_the_inputs_and_outputs(self, interpreted: dict[str, Any]) -> None:
+    def test_work_bytes_are_the_inputs_and_outputs(self, interpreted: dict[str, Any], name: str) -> None:
         for problem in interpreted["problems"]:
-            assert problem["work_bytes"] == problem["operand_bytes"]
+            if CASES[name].operands_are_the_work:
+                assert problem["work_bytes"] == problem["operand_bytes"]
+            else:  # less than all operands; the family's own tests check its formula
+                assert 0 < problem["work_bytes"] < problem["operand_bytes"]
 
     def test_inputs_are_random_never_zero_and_seeded(self, interpreted: dict[str, Any]) -> None:
         for problem in interpreted["problems"]:
@@ -340,6 +360,11 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     jobs.append(["silu_mul_fp8_quant", tokens(4096, 14336, "bf16"),
                  [{"GROUPS_PER_PROGRAM": 1, "ROWS_PER_PROGRAM": 1, "num_warps": 1, "num_stages": 1},
                   {"GROUPS_PER_PROGRAM": 16, "ROWS_PER_PROGRAM": 8, "num_warps": 8, "num_stages": 3}]])
+    jobs.append(["fused_moe", moe(4096, 8, 2, 14336, 4096, "bf16"),
+                 [{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 8,
+                   "num_stages": 4},
+                  {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 4,
+                   "num_stages": 4}]])
     jobs.append([USER_FAMILY, {"n": 2**20, "dtype": "fp16"}, []])
     env = {**USER_ENV, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
     result: dict[str, Any] = run_child(COMPILE_CHILD, json.dumps(jobs), env=env)

@@ -72,6 +72,7 @@ def test_remeasure_recheck_and_baseline_go_through_the_child(worker: Any) -> Non
     check = ray.get(worker.recheck.remote("matmul", PROBLEM, configs[1], TIMEOUT_S))
     assert check.passed and 0 < check.max_rel_err < 2e-3
     assert ray.get(worker.baseline.remote("matmul", PROBLEM, TIMEOUT_S)) is None  # no vendor library on a CPU
+    assert ray.get(worker.ceilings.remote(TIMEOUT_S)) is None  # no device ceilings under the interpreter
 
 
 def test_child_killed_is_retried_then_poison(worker: Any) -> None:
