@@ -110,8 +110,9 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path, dataset, capsys):
     lines = out.splitlines()
     assert lines[0] == ("campaign dry: kernel matmul, proposer random, backend replay, budget 5 per problem, "
                         "2 problem(s), at most 10 trials")
-    assert lines[1:] == ["  M=512 N=512 K=512 fp16: 16 valid configs in the space",
-                         "  M=64 N=1024 K=2048 bf16: 16 valid configs in the space"]
+    assert lines[1:3] == ["  M=512 N=512 K=512 fp16: 16 valid configs in the space",
+                          "  M=64 N=1024 K=2048 bf16: 16 valid configs in the space"]
+    assert lines[3:] == [f"estimate: no store at {db} yet, so no history to estimate from"]
     assert list(tmp_path.glob("dry.db*")) == []
 
 

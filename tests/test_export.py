@@ -111,8 +111,10 @@ def vllm_reference_name(e: int, n: int, device: str, dtype: str | None) -> str:
                                                  ("fp8_w8a8", "fp8_w8a8"), ("int8_w8a16", "int8_w8a16")])
 @pytest.mark.parametrize("device", ["NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H200 NVL", "NVIDIA A100-SXM4-80GB"])
 def test_vllm_file_name_is_the_one_vllm_looks_up_for_experts(dtype, selector, device):
+    # fused_moe's N is w1's rows (gate and up: 14336 for Mixtral at TP2); vLLM looks the file up by
+    # w2.shape[2], the intermediate size after silu_and_mul (7168), as its benchmark_moe names it
     entry = _entry({"M": 64, "E": 8, "N": 14336, "K": 4096, "dtype": dtype}, device=device)
-    assert file_name(entry) == vllm_reference_name(8, 14336, device, selector)
+    assert file_name(entry) == vllm_reference_name(8, 7168, device, selector)
 
 
 def test_vllm_export_refuses_a_kernel_whose_configs_are_not_vllms():
@@ -126,7 +128,7 @@ def test_vllm_export_refuses_a_kernel_whose_configs_are_not_vllms():
         render_vllm([extra], kernel_chosen=True)
     both = [extra, _entry({"M": 64, "E": 8, "N": 512, "K": 1024})]
     out = render_vllm(both, kernel_chosen=False)  # not chosen: the misfit is left out, the rest exported
-    assert [f.name for f in out] == ["E=8,N=512,device_name=NVIDIA_H100_80GB_HBM3.json"]
+    assert [f.name for f in out] == ["E=8,N=256,device_name=NVIDIA_H100_80GB_HBM3.json"]
 
 
 def test_vllm_export_refuses_two_problems_with_the_same_file_and_m():

@@ -84,24 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kernels", help="list the kernel families")
     k.set_defaults(func=cmd_kernels)
 
-    h = sub.add_parser("history", help="experiments in the store")
-    _db_arg(h)
-    h.add_argument("--campaign")
-    h.add_argument("--kernel")
-    h.add_argument("--status")
-    h.add_argument("--proposer")
-    h.add_argument("--problem", action="append", default=[], metavar="KEY=VALUE",
-                   help="problem filter, e.g. --problem M=4096 (repeatable)")
-    h.add_argument("--limit", type=int)
-    _format_args(h)
-    h.set_defaults(func=cmd_history)
+    from tilepilot.cli_history import add_parsers
 
-    b = sub.add_parser("best", help="the winner per problem")
-    _db_arg(b)
-    b.add_argument("--campaign")
-    b.add_argument("--kernel")
-    _format_args(b)
-    b.set_defaults(func=cmd_best)
+    add_parsers(sub)  # history, best, show, compare, import, cost, report
 
     d = sub.add_parser("dashboard", help="serve the live dashboard")
     _db_arg(d)
@@ -140,6 +125,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         for prob in c.problems:
             valid = len(p.spaces[prob].valid(prob))
             print(f"  {prob.label()}: {valid} valid configs in the space")
+        _print_estimate(p, args.db)
         return 0
     bar = _ProgressBar()
     try:
@@ -162,6 +148,47 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _print_best(rows)
     print(f"results in {args.db.resolve()}  (tilepilot dashboard --db {args.db})")
     return 0
+
+
+def _print_estimate(p: Any, db_path: Path) -> None:
+    """The campaign's GPU time and model cost, estimated from the history in the store (storage/cost.py)."""
+    est = _estimate_plan(p, db_path)
+    if est is None:
+        print(f"estimate: no store at {db_path} yet, so no history to estimate from")
+        return
+    gpu = "unknown" if est.gpu_seconds is None else f"{est.gpu_seconds:.4g} GPU-s"
+    llm = "unknown" if est.llm_cost_usd is None else f"${est.llm_cost_usd:.4f}"
+    print(f"estimate: {gpu} for {est.measured:.0f} of {est.trials} trial(s) measured (the rest found in the "
+          f"store), model cost {llm}")
+    print(f"  from {est.basis}")
+
+
+def _estimate_plan(p: Any, db_path: Path) -> Any:
+    """The estimate of a planned campaign from the store's history, or None without a store."""
+    from tilepilot.storage.cost import estimate
+    from tilepilot.storage.queries import open_db
+
+    if not db_path.is_file():
+        return None
+    device, version = _plan_device(p)
+    with open_db(db_path) as db:
+        same = db.rows("SELECT id FROM campaigns WHERE name = ?", [p.campaign.name])
+        return estimate(db.rows, kernel=p.campaign.kernel, device=device, backend=p.backend, kernel_version=version,
+                        valid={prob: len(p.spaces[prob].valid(prob)) for prob in p.campaign.problems},
+                        budget=p.campaign.budget, proposer=p.campaign.proposer,
+                        exclude_campaign=same[0]["id"] if same else None)
+
+
+def _plan_device(p: Any) -> tuple[str | None, str | None]:
+    """The device and kernel version a planned campaign will record (None: not known before it starts)."""
+    if p.backend == "replay":
+        return " + ".join(p.dataset.devices), p.dataset.identity
+    if p.backend == "interpret":
+        return "cpu (Triton interpreter)", p.family.kernel_version()
+    from tilepilot.kernels.telemetry import nvml_available, sample_all
+
+    gpus = sample_all("local") if nvml_available() else []
+    return (gpus[0].name if gpus else None), p.family.kernel_version()
 
 
 def _positive(v: int | None, flag: str) -> int | None:
@@ -204,34 +231,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- history and best ---------------------------------------------------------------------
-def cmd_history(args: argparse.Namespace) -> int:
-    from tilepilot.storage.queries import history, open_db
-    from tilepilot.storage.views import HistoryRow
-
-    problem = _problem_filter(args.problem) or None
-    limit = _positive(args.limit, "--limit")
-    with open_db(args.db) as db:
-        rows = history(db, campaign=args.campaign, kernel=args.kernel, status=args.status,
-                       proposer=args.proposer, problem=problem, limit=limit)
-    cols = ["campaign", "problem", "config", "status", "median_ms", "proposer", "rationale"]
-    _emit(args, [_plain(r) for r in rows], cols, _field_names(HistoryRow))
-    return 0
-
-
-def cmd_best(args: argparse.Namespace) -> int:
-    from tilepilot.storage.queries import best, open_db
-    from tilepilot.storage.views import BestRow
-
-    with open_db(args.db) as db:
-        rows = best(db, campaign=args.campaign, kernel=args.kernel)
-    if args.json or args.csv:
-        _emit(args, [_plain(r) for r in rows], [], _field_names(BestRow))
-    else:
-        _print_best(rows)
-    return 0
-
-
+# ---- history and best (the verbs are in cli_history) ----------------------------------------
 def _print_best(rows: Sequence[Any]) -> None:
     if not rows:
         print("no winners yet")

@@ -60,6 +60,11 @@ class ExportEntry:
     triton: str
     driver: str
     hypotheses: tuple[str, ...]  # hypotheses whose evidence uses the winner or runner-up, or that it tested
+    recheck_err: float | None = None  # the re-check's max relative error on fresh inputs
+    median_config_ms: float | None = None  # median over the campaign's ok configs of the problem
+    baseline_name: str = ""
+    baseline_ms: float | None = None
+    learnings: tuple[str, ...] = ()  # learnings drawn from those hypotheses
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,11 @@ def winners(db: ReadOnlyDB, *, campaign: str | int | None = None, kernel: str | 
         if problem is None or _matches(loads(r["problem"]), problem):
             latest[(r["kernel"], r["device"], r["problem_key"])] = r  # later decisions replace earlier
     hyps = _hypotheses(db, list(latest.values()))
-    return [_entry(latest[k], hyps) for k in sorted(latest, key=lambda k: (k[0], k[1], _order(latest[k])))]
+    for r in latest.values():
+        if r["hypothesis_id"]:
+            hyps.setdefault(r["experiment_key"], set()).add(r["hypothesis_id"])
+    learned = _learnings(db, sorted({h for ids in hyps.values() for h in ids}))
+    return [_entry(latest[k], hyps, learned) for k in sorted(latest, key=lambda k: (k[0], k[1], _order(latest[k])))]
 
 
 def _order(row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -133,10 +142,19 @@ def _hypotheses(db: ReadOnlyDB, rows: Sequence[dict[str, Any]]) -> dict[str, set
     return out
 
 
-def _entry(r: dict[str, Any], hyps: dict[str, set[str]]) -> ExportEntry:
+def _learnings(db: ReadOnlyDB, hypothesis_ids: Sequence[str]) -> dict[str, str]:
+    """hypothesis id -> the id of the learning drawn from it."""
+    out: dict[str, str] = {}
+    for i in range(0, len(hypothesis_ids), 400):
+        chunk = list(hypothesis_ids[i:i + 400])
+        marks = ", ".join("?" * len(chunk))
+        for r in db.rows(f"SELECT id, hypothesis_id FROM learnings WHERE hypothesis_id IN ({marks})", chunk):
+            out[r["hypothesis_id"]] = r["id"]
+    return out
+
+
+def _entry(r: dict[str, Any], hyps: dict[str, set[str]], learned: dict[str, str]) -> ExportEntry:
     ids = set(hyps.get(r["experiment_key"], set())) | set(hyps.get(r["runner_up_key"] or "", set()))
-    if r["hypothesis_id"]:
-        ids.add(r["hypothesis_id"])
     return ExportEntry(
         kernel=r["kernel"], problem=loads(r["problem"]), problem_key=r["problem_key"], config=loads(r["config"]),
         experiment_key=r["experiment_key"], median_ms=r["median_ms"], rel_spread=r["rel_spread"],
@@ -147,7 +165,9 @@ def _entry(r: dict[str, Any], hyps: dict[str, set[str]]) -> ExportEntry:
         campaign=r["campaign"], campaign_id=r["campaign_id"], decided_at=r["decided_at"],
         proposer=r["proposer"] or "", rationale=r["rationale"] or "", device=r["device"], backend=r["backend"],
         kernel_version=r["kernel_version"], torch=r["torch"], triton=r["triton"], driver=r["driver"],
-        hypotheses=tuple(sorted(ids)))
+        hypotheses=tuple(sorted(ids)), recheck_err=r["recheck_err"], median_config_ms=r["median_config_ms"],
+        baseline_name=r["baseline_name"] or "", baseline_ms=r["baseline_ms"],
+        learnings=tuple(sorted({learned[h] for h in ids if h in learned})))
 
 
 # ---- dispatch ---------------------------------------------------------------------------------
@@ -205,14 +225,19 @@ def entry_json(e: ExportEntry) -> dict[str, Any]:
     if e.runner_up_key is not None:
         runner = {"config": e.runner_up_config, "median_ms": e.runner_up_ms, "rel_spread": e.runner_up_rel_spread,
                   "experiment": e.runner_up_key}
+    baseline = None
+    if e.baseline_ms is not None:
+        baseline = {"name": e.baseline_name, "median_ms": e.baseline_ms, "speedup": e.baseline_ms / e.median_ms}
     return {
         "kernel": e.kernel, "problem": e.problem, "config": e.config, "median_ms": e.median_ms,
         "noise": e.rel_spread, "margin": e.margin, "tie": e.tie, "why": why(e), "runner_up": runner,
-        "recheck_passed": e.recheck_passed, "device": e.device, "backend": e.backend,
+        "recheck_passed": e.recheck_passed, "recheck_err": e.recheck_err, "device": e.device, "backend": e.backend,
         "versions": {"kernel": e.kernel_version, "torch": e.torch, "triton": e.triton, "driver": e.driver},
         "campaign": e.campaign, "decided_at": _iso(e.decided_at), "proposer": e.proposer,
-        "rationale": e.rationale,
-        "evidence": {"winner": e.experiment_key, "runner_up": e.runner_up_key, "hypotheses": list(e.hypotheses)},
+        "rationale": e.rationale, "baseline": baseline, "median_config_ms": e.median_config_ms,
+        "speedup_vs_median_config": e.median_config_ms / e.median_ms if e.median_config_ms else None,
+        "evidence": {"winner": e.experiment_key, "runner_up": e.runner_up_key, "hypotheses": list(e.hypotheses),
+                     "learnings": list(e.learnings)},
     }
 
 

@@ -6,16 +6,21 @@ vllm/model_executor/layers/fused_moe): string keys that parse as int M, each val
 vLLM parses the keys and takes the config of the nearest M,
 `configs[min(configs, key=lambda x: abs(x - M))]`.
 
-File names. A problem with E (experts) and N gets vLLM's own name, so that vLLM finds the file
-in `VLLM_TUNED_CONFIG_FOLDER`:
-`E={E},N={N},device_name={device}[,dtype={selector}].json`, where the device name has its
-spaces replaced by "_" (H200 variants are named NVIDIA_H200, as vLLM does) and the dtype
-selector is omitted for fp16/bf16 (vLLM looks those up without one), "float32" for fp32, and
-the problem's dtype otherwise (e.g. fp8_w8a8). Any other kernel whose problems have an M and
-whose configs are exactly those six parameters (e.g. matmul) gets the same content under
-`kernel={kernel},{dims},device_name={device},dtype={dtype}.json`, with the problem's other
-fields as `name=value` in the problem's order: vLLM does not look this name up itself, it only
-keeps files apart.
+File names. A problem with E (experts) and N gets vLLM's own name (`get_config_file_name` in
+vllm/model_executor/layers/fused_moe/fused_moe.py), so that vLLM finds the file in
+`VLLM_TUNED_CONFIG_FOLDER`: `E={E},N={N},device_name={device}[,dtype={selector}].json`, where
+the device name has its spaces replaced by "_" (H200 variants are named NVIDIA_H200, as vLLM
+does) and the dtype selector is omitted for fp16/bf16 (vLLM looks those up without one),
+"float32" for fp32, and the problem's dtype otherwise (e.g. fp8_w8a8). vLLM's N is w2.shape[2],
+the intermediate size after silu_and_mul, while the `fused_moe` family's N is the first GEMM's
+(w1's rows: gate and up projections, twice that): its files are named N/2, as vLLM's
+benchmark_moe names them. The name carries neither topk nor K (nor, for fp16/bf16, the dtype):
+two tuned problems that differ only there would share a file and are refused (narrow the export).
+Any other kernel whose problems have an M and whose configs are exactly those six parameters
+(e.g. matmul) gets the same content under
+`kernel={kernel},{dims},device_name={device},dtype={dtype}.json`, with the problem's other fields
+as `name=value` in the problem's order: vLLM does not look this name up itself, it only keeps
+files apart.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from tilepilot.storage.export import ExportEntry, ExportFile
 
 log = logging.getLogger(__name__)
 
+GATED_W1 = ("fused_moe",)  # kernels whose problem N counts w1's gate and up rows (vLLM's N is half)
 VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 # tilepilot dtype -> vLLM's dtype selector (None: no selector in the file name)
 _DTYPE_SELECTOR: dict[str, str | None] = {"fp16": None, "bf16": None, "fp32": "float32", "float32": "float32"}
@@ -70,6 +76,8 @@ def unsupported(e: ExportEntry) -> str:
     m = e.problem.get("M")
     if not isinstance(m, int) or isinstance(m, bool):
         return f"its problems have no integer token count M (they have {', '.join(e.problem)})"
+    if e.kernel in GATED_W1 and (not isinstance(e.problem.get("N"), int) or e.problem["N"] % 2):
+        return f"its N={e.problem.get('N')!r} is not even (vLLM names the file by N/2: w1 holds gate and up rows)"
     keys = set(e.config)
     if keys != set(VLLM_KEYS):
         missing, extra = sorted(set(VLLM_KEYS) - keys), sorted(keys - set(VLLM_KEYS))
@@ -84,10 +92,16 @@ def file_name(e: ExportEntry) -> str:
     p = e.problem
     if "E" in p and "N" in p:
         selector = dtype_selector(p.get("dtype"))
-        return f"E={p['E']},N={p['N']},device_name={device}" + (f",dtype={selector}" if selector else "") + ".json"
+        return (f"E={p['E']},N={vllm_n(e.kernel, p['N'])},device_name={device}"
+                + (f",dtype={selector}" if selector else "") + ".json")
     dims = ",".join(f"{k}={v}" for k, v in p.items() if k not in ("M", "dtype"))
     dtype = f",dtype={p['dtype']}" if "dtype" in p else ""
     return f"kernel={e.kernel}" + (f",{dims}" if dims else "") + f",device_name={device}{dtype}.json"
+
+
+def vllm_n(kernel: str, n: Any) -> Any:
+    """The N of vLLM's file name: w2.shape[2], half of fused_moe's N (w1's gate and up rows)."""
+    return n // 2 if kernel in GATED_W1 else n
 
 
 def device_name(device: str) -> str:

@@ -4,7 +4,9 @@ Two sources:
 - vLLM tuned-config files (`E={E},N={N},device_name={device}[,dtype={selector}][,block_shape=[n,k]].json`,
   and tilepilot's own `kernel={kernel},...` names): JSON keyed by the token count M, one config
   per key, plus an optional "triton_version". Each key is the config vLLM's tuner chose for that M;
-  the file holds no timing.
+  the file holds no timing. The file's N is vLLM's (w2.shape[2]); a `fused_moe` problem's N is
+  twice that (w1's gate and up rows, see `export_vllm`). The name carries neither topk nor K:
+  `--problem topk=2 --problem K=4096` give them (and dtype=bf16|fp16 where the name has none).
 - Triton's autotune cache (`@triton.autotune(..., cache_results=True)` or TRITON_CACHE_AUTOTUNING=1):
   `<cache dir>/<hash>/<function>.autotune.json` holding `{"key": [values of the autotune key
   arguments..., "torch.<dtype>" per tensor argument], "configs_timings": [[Config.__dict__,
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tilepilot.experiments import Config, Environment, InputError, Problem, experiment_key
+from tilepilot.storage.export_vllm import GATED_W1
 from tilepilot.storage.filters import Filters, conditions
 from tilepilot.storage.queries import ReadOnlyDB, history_filters
 from tilepilot.storage.rows import dumps, loads
@@ -117,6 +120,8 @@ def read_vllm(path: Path, *, kernel: str | None = None, extra: Mapping[str, Any]
     dev = device or str(name_device).replace("_", " ")
     dtype = parts.pop("dtype", None)
     fields = {k: _number(v) for k, v in parts.items()}
+    if kernel in GATED_W1 and isinstance(fields.get("N"), int):
+        fields["N"] = 2 * fields["N"]  # vLLM names the file by w2.shape[2]; fused_moe's N is w1's rows
     if dtype is not None:
         fields["dtype"] = _VLLM_DTYPES.get(str(dtype), str(dtype))
     fields.update(extra or {})
