@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--workers", type=int, help="number of workers (default: one per GPU; 1 for interpret)")
     t.add_argument("--resume", action="store_true", help="continue a campaign of the same name")
     t.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
+    t.add_argument("--cold", action="store_true",
+                   help="start without the winners of nearby problems in the store (no warm start)")
     t.set_defaults(func=cmd_tune)
 
     k = sub.add_parser("kernels", help="list the kernel families")
@@ -96,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     _graph_parser(sub)
     _export_parser(sub)
     _merge_parser(sub)
+    from tilepilot.cli_control import add_control_parsers
+
+    add_control_parsers(sub)  # pause, resume, stop, queue
     return p
 
 
@@ -115,7 +120,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     opts = TuneOptions(campaign=args.campaign, backend=args.backend, dataset=args.dataset, db=args.db,
                        budget=args.budget, proposer=args.proposer, address=args.address,
-                       resume=args.resume, dry_run=args.dry_run, workers=_positive(args.workers, "--workers"))
+                       resume=args.resume, dry_run=args.dry_run, workers=_positive(args.workers, "--workers"),
+                       cold=args.cold)
     if opts.dry_run:
         p = plan(opts)
         c = p.campaign
@@ -136,6 +142,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     bar.close()
+    if outcome.stopped:
+        print(f"campaign {outcome.plan.campaign.name} stopped by a person; continue it with: "
+              f"tilepilot tune {args.campaign} --db {args.db} --resume")
+        return 0
     backend = outcome.plan.backend
     label = {"replay": f"replayed from measurements recorded on {outcome.device}",
              "interpret": "Triton interpreter: CPU timings, not GPU",

@@ -80,7 +80,8 @@ class Rescored:
     moves: tuple[Move, ...]  # biggest first
 
     def message(self, problem: Problem, top: int = 3) -> str:
-        parts = [f"{m.config.label()} {_arrow(m)} {m.before}→{m.after}: {m.reason}" for m in self.moves[:top]]
+        parts = [f"{m.config.label()} {_arrow(m)} {m.before}→{m.after}: {m.reason.split('; ')[0]}"
+                 for m in self.moves[:top]]
         more = f"; {len(self.moves) - top} more" if len(self.moves) > top else ""
         return f"queue of {problem.label()} re-scored, {len(self.moves)} moved: " + "; ".join(parts) + more
 

@@ -199,6 +199,11 @@ class Store:
         row = self._one("SELECT * FROM campaigns WHERE name = ?", [name])
         return campaign_from_row(row) if row else None
 
+    def campaign_states(self) -> list[tuple[int, str, str]]:
+        """(id, name, state) of every campaign, oldest first."""
+        return [(int(r["id"]), str(r["name"]), str(r["state"]))
+                for r in self._rows("SELECT id, name, state FROM campaigns ORDER BY id")]
+
     def set_campaign_state(self, campaign_id: int, state: str) -> None:
         """Set the state; a terminal state stamps finished_at, 'running' clears it."""
         _check(state, CAMPAIGN_STATES, "campaign state")

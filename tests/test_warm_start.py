@@ -1,0 +1,172 @@
+"""Warm start: a new campaign begins with the winners of nearby problems and what the learnings imply.
+
+SYNTHETIC data where a campaign runs: the timings come from tests/replay_fixture.py's formula.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.replay_fixture import GRID, synthetic_ms
+from tilepilot.cli import main
+from tilepilot.experiments import Config, Hypothesis, Learning, Problem, Scope
+from tilepilot.kernels.registry import get_family
+from tilepilot.orchestrator.tune import TuneOptions, tune
+from tilepilot.orchestrator.warm_start import Rule, distance, limit, nearest_winners, warm_candidates
+from tilepilot.storage.store import Store, WinnerSource
+
+P1 = {"M": 512, "N": 512, "K": 512, "dtype": "fp16"}
+P2 = {"M": 64, "N": 1024, "K": 2048, "dtype": "bf16"}
+P3 = {"M": 1024, "N": 512, "K": 512, "dtype": "fp16"}  # nearest to P1
+
+
+def problem(d: dict) -> Problem:
+    return Problem.of(d)
+
+
+def cfg(**kw: int) -> Config:
+    base = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8, "num_warps": 4,
+            "num_stages": 3}
+    return Config.of({**base, **kw})
+
+
+def source(p: dict, config: Config, *, campaign: str = "a", triton: str = "3.6.0", at: float = 1.0) -> WinnerSource:
+    return WinnerSource(problem(p), config, 0.5, campaign, "2.11.0", triton, at)
+
+
+def test_distance_is_log_shape_with_a_step_per_other_difference():
+    a = problem({"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"})
+    assert distance(a, a) == 0
+    assert distance(a, problem({"M": 1024, "N": 4096, "K": 4096, "dtype": "bf16"})) == pytest.approx(2.0)
+    assert distance(a, problem({"M": 4096, "N": 4096, "K": 4096, "dtype": "fp16"})) == pytest.approx(1.0)
+    assert distance(a, problem({"M": 2048, "N": 2048, "K": 4096, "dtype": "bf16"})) == pytest.approx(math.sqrt(2))
+
+
+def test_nearest_winners_take_one_winner_per_problem_same_toolchain_first():
+    target = problem(P3)
+    winners = [source(P2, cfg(num_warps=8)),
+               source(P1, cfg(BLOCK_SIZE_M=128), triton="3.5.0", at=9.0),  # newer, other toolchain
+               source(P1, cfg(BLOCK_SIZE_N=128), at=2.0),
+               source(P3, cfg(num_stages=4))]
+    got = nearest_winners(target, winners, torch="2.11.0", triton="3.6.0")
+    assert [(dict(w.problem), w.config) for w, _ in got] == [
+        (P3, cfg(num_stages=4)), (P1, cfg(BLOCK_SIZE_N=128)), (P2, cfg(num_warps=8))]
+    assert [w.problem for w, _ in nearest_winners(target, winners, exclude_self=True, n=1)] == [problem(P1)]
+
+
+def test_warm_candidates_fit_the_space_apply_learnings_and_respect_the_budget():
+    space = get_family("matmul").space().narrowed({"num_warps": [4, 8], "BLOCK_SIZE_M": [32, 64, 128]})
+    target = problem(P3)
+    h = Hypothesis("H-1", "matmul", "synthetic device", "num_stages", 4, 3, Scope.parse("M>=256"), "stages")
+    learning = Learning("L-1", "H-1", "matmul", "synthetic device", "2.11.0", "3.6.0", Scope.parse("M>=256"),
+                        "num_stages=4 is 1.2x as fast", 1.2, 6)
+    winners = [source(P1, cfg()), source(P2, cfg(BLOCK_SIZE_M=256)),  # BLOCK_SIZE_M=256 is not in the space
+               source({"M": 4096, "N": 512, "K": 512, "dtype": "fp16"}, cfg(num_warps=8, num_stages=4))]
+    got = warm_candidates(target, space, winners, [Rule(learning, h)], budget=40)
+    assert [c.config for c in got] == [cfg(), cfg(num_stages=4), cfg(num_warps=8, num_stages=4)]
+    assert all(c.proposer == "warm-start" for c in got)
+    assert got[0].rationale.startswith("warm start: winner of M=512 N=512 K=512 fp16 in campaign a (0.5 ms, "
+                                       "log-distance 1.00")
+    assert "with num_stages=4 instead of 3, as learning L-1 says (1.20x when M ≥ 256)" in got[1].rationale
+    small = problem({"M": 64, "N": 512, "K": 512, "dtype": "fp16"})  # outside the learning's scope
+    assert [c.config for c in warm_candidates(small, space, winners, [Rule(learning, h)], budget=40)] == [
+        cfg(), cfg(num_warps=8, num_stages=4)]
+    assert len(warm_candidates(target, space, winners, [Rule(learning, h)], budget=4)) == limit(4) == 1
+    assert warm_candidates(target, space, winners, budget=40, skip={cfg()})[0].config == cfg(num_warps=8, num_stages=4)
+
+
+# ---- campaigns -----------------------------------------------------------------------------------
+def write_three(path: Path) -> Path:
+    lines = []
+    for p in (P1, P2, P3):
+        for values in itertools.product(*GRID.values()):
+            c = dict(zip(GRID, values, strict=True))
+            lines.append(json.dumps({"kernel": "matmul", "problem": p, "config": c, "status": "ok",
+                                     "median_ms": synthetic_ms(p, c), "device": "synthetic device",
+                                     "torch": "0.0", "triton": "0.0"}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_campaign(path: Path, name: str, problems: list[dict], *, proposer: str = "random", budget: int = 8,
+                   seed: int = 3) -> Path:
+    tables = "".join("\n[[problems]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in p.items()) for p in problems)
+    path.write_text(f'[campaign]\nname = "{name}"\nkernel = "matmul"\nproposer = "{proposer}"\nbudget = {budget}\n'
+                    f"seed = {seed}\nhypothesis_share = 0\n{tables}")
+    return path
+
+
+@pytest.fixture()
+def setup(tmp_path: Path) -> dict[str, Path]:
+    dataset = write_three(tmp_path / "three.jsonl")
+    db = tmp_path / "t.db"
+    tune(TuneOptions(campaign=write_campaign(tmp_path / "a.toml", "a", [P1, P2], proposer="rules"),
+                     backend="replay", dataset=dataset, db=db))
+    return {"dataset": dataset, "db": db, "root": tmp_path}
+
+
+def trials(db: Path, campaign: str) -> list[tuple[str, str, dict]]:
+    with Store(db) as store:
+        row = store.get_campaign(campaign)
+        assert row is not None
+        return [(t.proposer, t.rationale, dict(r.config)) for t, r in store.campaign_results(row.id)]
+
+
+def winner_of(db: Path, p: dict) -> dict:
+    with Store(db) as store:
+        return next(dict(w.config) for w in store.winners_of("matmul", "synthetic device") if dict(w.problem) == p)
+
+
+def test_new_campaign_starts_from_the_winners_of_nearby_problems(setup):
+    db = setup["db"]
+    out = tune(TuneOptions(campaign=write_campaign(setup["root"] / "b.toml", "b", [P3]), backend="replay",
+                           dataset=setup["dataset"], db=db))
+    got = trials(db, "b")
+    warm = [t for t in got if t[0] == "warm-start"]
+    assert got[: len(warm)] == warm and len(warm) == limit(8) == 2  # first, and within the budget
+    assert warm[0][2] == winner_of(db, P1) and "winner of M=512 N=512 K=512 fp16 in campaign a" in warm[0][1]
+    assert len(got) == 8  # they count against the budget like any trial
+    with Store(db) as store:
+        events = [e for e in store.db.execute("SELECT message FROM events WHERE kind = 'warm_start' "
+                                              "AND campaign_id = ?", [out.campaign_id])]
+    assert len(events) == 1 and events[0][0].startswith("M=1024 N=512 K=512 fp16: 2 config(s) first")
+
+
+def test_learnings_in_scope_add_their_variant_of_a_winner(setup):
+    db = setup["db"]
+    best = winner_of(db, P1)
+    other = 8 if best["num_warps"] == 4 else 4
+    h = Hypothesis("H-w", "matmul", "synthetic device", "num_warps", other, best["num_warps"], Scope.parse("M>=256"),
+                   f"num_warps={other} beats num_warps={best['num_warps']} when M ≥ 256")
+    with Store(db) as store:
+        store.add_hypothesis(1, h)
+        store.add_learning(Learning("L-w", "H-w", "matmul", "synthetic device", "0.0", "0.0", h.scope, h.text, 1.1, 6))
+    tune(TuneOptions(campaign=write_campaign(setup["root"] / "b.toml", "b", [P3], budget=16), backend="replay",
+                     dataset=setup["dataset"], db=db))
+    warm = [t for t in trials(db, "b") if t[0] == "warm-start"]
+    assert warm[1][2] == {**best, "num_warps": other} and "as learning L-w says" in warm[1][1]
+
+
+def test_cold_and_resumed_campaigns_start_without_warm_start(setup, capsys):
+    db, root = setup["db"], setup["root"]
+    code = main(["tune", str(write_campaign(root / "b.toml", "b", [P3])), "--backend", "replay", "--dataset",
+                 str(setup["dataset"]), "--db", str(db), "--cold"])
+    assert code == 0, capsys.readouterr().err
+    assert not [t for t in trials(db, "b") if t[0] == "warm-start"]
+
+    campaign = write_campaign(root / "c.toml", "c", [P3], seed=11)  # configs b has not measured, mostly
+
+    def interrupt(p):
+        raise KeyboardInterrupt  # after the first batch measured
+
+    opts = TuneOptions(campaign=campaign, backend="replay", dataset=setup["dataset"], db=db, cold=True)
+    with pytest.raises(KeyboardInterrupt):
+        tune(opts, on_progress=interrupt)
+    tune(TuneOptions(campaign=campaign, backend="replay", dataset=setup["dataset"], db=db, resume=True))
+    got = trials(db, "c")
+    assert len(got) == 8 and not [t for t in got if t[0] == "warm-start"]
