@@ -135,7 +135,8 @@ def cmd_best(args: argparse.Namespace) -> int:
     if imported:
         print()
         print("imported (the source's pick; not measured here):")
-        table = [{"origin": r.origin, "problem": _compact(r.problem), "config": _compact(r.config), "device": r.device,
+        table = [{"from": f"{r.source}:{Path(r.origin.partition(':')[2]).name}", "problem": _compact(r.problem),
+                  "config": _compact(r.config), "device": r.device,
                   "source ms": "-" if r.source_ms is None else f"{r.source_ms:.4g}"} for r in imported]
         _print_table(table, list(table[0]), out=lambda line: print("  " + line))
     return 0
