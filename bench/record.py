@@ -1,8 +1,16 @@
-"""Record the matmul grid on a GPU: the replay dataset (JSON Lines) plus cuBLAS times.
+"""Record a kernel family's full grid on a GPU: the replay dataset (JSON Lines) plus baseline times.
 
     python bench/record.py --out data/replay/matmul-h100.jsonl \\
         --cublas-out bench/results/matmul-h100-cublas.json --log bench/results/record-matmul-h100.json \\
         [--problems all | 4096x4096x4096:bf16,64x4096x4096:bf16 ...] [--time-budget-s 420] [--workers 14]
+    python bench/record.py --kernel softmax [--problems issue | '[{"rows": 1, "cols": 8192, "dtype": "bf16"}]']
+
+Other families (`--kernel NAME`): the grid is every config of the family's space (those that
+violate a constraint are recorded as "invalid" with the reason), the problems are the issue's
+shape set for the family (`ISSUE_SHAPES`, `--problems issue`, the default) or a JSON list of
+problem objects, and the default files are data/replay/NAME-h100.jsonl and
+bench/results/record-NAME-h100.json. The baseline (the family's `baseline`, e.g. eager
+PyTorch) is timed the same way and written as a baseline line of the dataset.
 
 The grid: BLOCK_SIZE_M, BLOCK_SIZE_N in {64,128,256}, BLOCK_SIZE_K in {32,64,128}, GROUP_SIZE_M=8,
 num_warps in {4,8}, num_stages in {3,4,5} (162 configs). Configs are compiled ahead in spawned
@@ -50,7 +58,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tilepilot.experiments import Config, Problem, Result
 
 log = logging.getLogger("record")
-KERNEL = "matmul"
+MATMUL = "matmul"
+
+
+def _rows(*shapes: tuple[int, int]) -> list[dict[str, Any]]:
+    return [{"rows": r, "cols": c, "dtype": "bf16"} for r, c in shapes]
+
+
+ROW_SHAPES = _rows((1, 8192), (256, 4096), (4096, 8192), (16384, 16384))
+# The issue's shape sets ("so that results compare"), per family.
+ISSUE_SHAPES: dict[str, list[dict[str, Any]]] = {
+    "softmax": ROW_SHAPES, "rmsnorm": ROW_SHAPES, "layernorm": ROW_SHAPES,
+    "silu_mul_fp8_quant": [{"T": t, "H": h, "dtype": "bf16"} for t in (1, 16, 256, 4096, 16384) for h in (4096, 14336)],
+    "fused_moe": [{"M": m, "E": e, "topk": k, "N": n, "K": kk, "dtype": "bf16"}
+                  for e, k, n, kk in ((8, 2, 14336, 4096), (64, 6, 1408, 2048)) for m in (1, 16, 64, 256, 1024, 4096)],
+    "attention": [{"B": 4, "H": 32, "S": s_, "D": d, "causal": c, "dtype": "bf16"}
+                  for s_ in (1024, 4096) for d in (64, 128) for c in (False, True)],
+}
 
 REQUIRED = ["4096x4096x4096:bf16", "64x4096x4096:bf16", "16384x1024x1024:bf16", "1024x1024x16384:bf16",
             "4096x4096x4096:fp16", "2048x8192x2048:fp16", "1x4096x4096:bf16", "16x4096x4096:bf16",
@@ -62,7 +86,12 @@ EXTRA = ["6144x1536x4096:bf16", "3000x5000x1000:fp16", "8192x8192x8192:bf16", "5
          "8192x8192x2048:fp16", "1500x1500x1500:fp16", "768x3072x768:fp16", "16384x16384x256:bf16"]
 
 
-def grid() -> list[Config]:
+def grid(kernel: str = MATMUL) -> list[Config]:
+    """The recorded grid: the tutorial's 162 matmul configs, or every config of another family's space."""
+    if kernel != MATMUL:
+        from tilepilot.kernels import get_family
+
+        return list(get_family(kernel).space())
     names = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
     values = ([64, 128, 256], [64, 128, 256], [32, 64, 128], [8], [4, 8], [3, 4, 5])
     return [Config.of(dict(zip(names, v, strict=True))) for v in itertools.product(*values)]
@@ -73,7 +102,7 @@ def parse_problem(spec: str) -> Problem:
 
     dims, _, dtype = spec.partition(":")
     m, n, k = (int(x) for x in dims.lower().split("x"))
-    return get_family(KERNEL).parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
+    return get_family(MATMUL).parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
 
 
 def problem_specs(arg: str) -> list[str]:
@@ -82,6 +111,16 @@ def problem_specs(arg: str) -> list[str]:
     if arg == "required":
         return REQUIRED
     return [s.strip() for s in arg.split(",") if s.strip()]
+
+
+def problems_for(kernel: str, arg: str) -> list[Problem]:
+    from tilepilot.kernels import get_family
+
+    if kernel == MATMUL:
+        return [parse_problem(s) for s in problem_specs(arg)]
+    family = get_family(kernel)
+    raw = ISSUE_SHAPES[kernel] if arg in ("issue", "all") else json.loads(arg)
+    return [family.parse_problem(r) for r in raw]
 
 
 def sig5(x: float | None) -> float | None:
@@ -94,20 +133,21 @@ def _child_init() -> None:
     logging.basicConfig(level=logging.WARNING)
 
 
-def _compile_task(problem: dict[str, Any], config: dict[str, Any], target: dict[str, Any]) -> dict[str, Any]:
+def _compile_task(kernel: str, problem: dict[str, Any], config: dict[str, Any],
+                  target: dict[str, Any]) -> dict[str, Any]:
     from tilepilot.kernels.base import Target
     from tilepilot.kernels.evaluate import compile_config
 
-    o = compile_config(KERNEL, Problem.of(problem), Config.of(config), Target(**target))
+    o = compile_config(kernel, Problem.of(problem), Config.of(config), Target(**target))
     return {"status": o.status.value, "message": o.message, "compile_ms": o.compile_ms, "shared": o.shared_bytes}
 
 
 def submit_compiles(pool: ProcessPoolExecutor, todo: list[tuple[Problem, list[Config]]],
-                    target: Any) -> dict[tuple[str, str], Future[dict[str, Any]]]:
+                    target: Any, kernel: str = MATMUL) -> dict[tuple[str, str], Future[dict[str, Any]]]:
     """One compile per (specialisation, config), in the order the problems will be evaluated."""
     from tilepilot.kernels import get_family
 
-    family = get_family(KERNEL)
+    family = get_family(kernel)
     futures: dict[tuple[str, str], Future[dict[str, Any]]] = {}
     tdict = {"backend": target.backend, "arch": target.arch, "warp_size": target.warp_size,
              "max_shared_bytes": target.max_shared_bytes}
@@ -115,7 +155,7 @@ def submit_compiles(pool: ProcessPoolExecutor, todo: list[tuple[Problem, list[Co
         for c in configs:
             key = (family.specialisation(problem, c), c.key())
             if key not in futures and family.space().check(c, problem) is None:
-                futures[key] = pool.submit(_compile_task, problem.as_dict(), c.as_dict(), tdict)
+                futures[key] = pool.submit(_compile_task, kernel, problem.as_dict(), c.as_dict(), tdict)
     return futures
 
 
@@ -132,11 +172,11 @@ def load_done(path: Path) -> set[tuple[str, str]]:
     return done
 
 
-def row(result: Result, today: str, kernel_version: str) -> dict[str, Any]:
+def row(result: Result, today: str, kernel_version: str, kernel: str = MATMUL) -> dict[str, Any]:
     t = result.timing
     ex = result.extra
     return {
-        "kernel": KERNEL, "problem": result.problem.as_dict(), "config": result.config.as_dict(),
+        "kernel": kernel, "problem": result.problem.as_dict(), "config": result.config.as_dict(),
         "status": result.status.value,
         "median_ms": sig5(t.median_ms) if t else None, "p20_ms": sig5(t.p20_ms) if t else None,
         "p80_ms": sig5(t.p80_ms) if t else None, "min_ms": sig5(t.min_ms) if t else None,
@@ -174,18 +214,22 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = load_done(out)
-    problems = [parse_problem(s) for s in problem_specs(args.problems)]
-    todo = [(p, [c for c in grid() if (p.key(), c.key()) not in done]) for p in problems]
+    kernel = args.kernel
+    problems = problems_for(kernel, args.problems)
+    configs_all = grid(kernel)
+    todo = [(p, [c for c in configs_all if (p.key(), c.key()) not in done]) for p in problems]
     todo = [(p, cs) for p, cs in todo if cs]
     ev = Evaluator("gpu", input_sets=3, seed=args.seed, rounds=args.rounds, block_ms=args.block_ms)
-    env, family, today = ev.environment(), get_family(KERNEL), dt.date.today().isoformat()
+    env, family, today = ev.environment(), get_family(kernel), dt.date.today().isoformat()
+    flush = "L2 flushed before each launch" if family.l2_flush else "L2 not flushed"
     header = {"device": env.device, "driver": env.driver, "torch": env.torch, "triton": env.triton,
-              "method": "torch.matmul (cuBLAS), CUDA events, L2 flushed before each launch, median of reps"}
+              "baseline": family.baseline_name or "baseline",
+              "method": f"{family.baseline_name or 'baseline'}, CUDA events, {flush}, median of reps"}
     summary: dict[str, Any] = {"problems_done": [], "rows_written": 0, "gpu_before": _gpu_state(ev)}
     log.info("%d problems to record (%d already complete)", len(todo), len(problems) - len(todo))
     ctx = mp.get_context("spawn")
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=ctx, initializer=_child_init) as pool:
-        futures = submit_compiles(pool, todo, ev.target())
+        futures = submit_compiles(pool, todo, ev.target(), kernel)
         last_s = 0.0
         for problem, configs in todo:
             left = args.time_budget_s - (time.monotonic() - start)
@@ -198,13 +242,13 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
                 if key in futures:
                     futures[key].result()
             compiled_s = time.monotonic() - t0
-            results = ev.evaluate(KERNEL, problem, configs)
-            append_rows(out, (row(r, today, family.kernel_version()) for r in results))
-            cublas = ev.baseline(KERNEL, problem)
+            results = ev.evaluate(kernel, problem, configs)
+            append_rows(out, (row(r, today, family.kernel_version(), kernel) for r in results))
+            cublas = ev.baseline(kernel, problem)
             if cublas is not None:
                 entry = _cublas_entry(problem, cublas, family.work(problem).flops, today)
                 update_cublas(Path(args.cublas_out), problem.label(), entry, header)
-                append_rows(out, [baseline_row(entry, header)])
+                append_rows(out, [baseline_row(entry, header, kernel)])
             last_s = time.monotonic() - t0
             summary["problems_done"].append(problem.label())
             summary["rows_written"] += len(results)
@@ -216,9 +260,9 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def baseline_row(entry: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]:
-    """The dataset line replay reads as the vendor library's time for the problem."""
-    return {"kernel": KERNEL, "problem": entry["problem"], "baseline": "cuBLAS (torch.matmul)",
+def baseline_row(entry: dict[str, Any], header: dict[str, Any], kernel: str = MATMUL) -> dict[str, Any]:
+    """The dataset line replay reads as the baseline's time for the problem (cuBLAS for matmul)."""
+    return {"kernel": kernel, "problem": entry["problem"], "baseline": header["baseline"],
             "median_ms": entry["median_ms"], "p20_ms": entry["p20_ms"], "p80_ms": entry["p80_ms"],
             "reps": entry["reps"], **{k: header[k] for k in ("device", "driver", "torch", "triton", "method")},
             "recorded_at": entry["recorded_at"]}
@@ -238,7 +282,7 @@ def _log_problem(problem: Problem, results: list[Result], cublas: Any, family: A
     for r in results:
         counts[r.status.value] = counts.get(r.status.value, 0) + 1
     work = family.work(problem)
-    log.info("%s: %s; best %s %.4f ms (%.0f TFLOP/s) | cuBLAS %.4f ms (%.0f TFLOP/s) | wait-compile %.1f s, "
+    log.info("%s: %s; best %s %.4f ms (%.0f TFLOP/s) | baseline %.4f ms (%.0f TFLOP/s) | wait-compile %.1f s, "
              "total %.1f s", problem.label(), counts, best.config.label() if best else "-",
              best.median_ms if best else float("nan"), work.tflops(best.median_ms) if best else float("nan"),
              cublas.median_ms if cublas else float("nan"), work.tflops(cublas.median_ms) if cublas else 0.0,
@@ -265,7 +309,7 @@ def aot_vs_jit(args: argparse.Namespace) -> dict[str, Any]:
     from tilepilot.kernels.matmul import _constexprs, _int_args
     from tilepilot.kernels.timing import GpuTimer, TimingPlan
 
-    family = get_family(KERNEL)
+    family = get_family(MATMUL)
     ev = Evaluator("gpu")
     target = ev.target()
     timer = GpuTimer()
@@ -331,11 +375,11 @@ def repeat_check(args: argparse.Namespace) -> dict[str, Any]:
     todo = [(Problem.of(c[0]["problem"]), [Config.of(r["config"]) for r in c]) for c in picks]
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"),
                              initializer=_child_init) as pool:
-        for f in submit_compiles(pool, todo, ev.target()).values():
+        for f in submit_compiles(pool, todo, ev.target(), args.kernel).values():
             f.result()
     out = []
     for chosen, (problem, configs) in zip(picks, todo, strict=True):
-        results = ev.evaluate(KERNEL, problem, configs)
+        results = ev.evaluate(args.kernel, problem, configs)
         ratios = [res.median_ms / r["median_ms"] for res, r in zip(results, chosen, strict=True) if res.median_ms]
         again_best = min(range(5), key=lambda i: results[i].median_ms or float("inf"))
         top = [res.median_ms or float("inf") for res in results[:5]]
@@ -360,7 +404,7 @@ def probe_timing(args: argparse.Namespace) -> dict[str, Any]:
     from tilepilot.kernels.evaluate import Evaluator
     from tilepilot.kernels.timing import GpuTimer, quantile
 
-    family, ev, timer = get_family(KERNEL), Evaluator("gpu"), GpuTimer()
+    family, ev, timer = get_family(MATMUL), Evaluator("gpu"), GpuTimer()
     target, report = ev.target(), []
     for spec in ("16x4096x4096:bf16", "64x4096x4096:bf16", "4096x4096x4096:bf16"):
         problem = parse_problem(spec)
@@ -389,10 +433,14 @@ def probe_timing(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--problems", default="all", help="all | required | comma-separated MxNxK:dtype")
-    p.add_argument("--out", default="data/replay/matmul-h100.jsonl")
-    p.add_argument("--cublas-out", default="bench/results/matmul-h100-cublas.json")
-    p.add_argument("--log", default="bench/results/record-matmul-h100.json")
+    p.add_argument("--kernel", default=MATMUL, help="the family to record (default matmul)")
+    p.add_argument("--problems", default="all",
+                   help="matmul: all | required | comma-separated MxNxK:dtype; others: issue | a JSON list")
+    p.add_argument("--out", help="default data/replay/KERNEL-h100.jsonl")
+    p.add_argument("--cublas-out", "--baseline-out", dest="cublas_out",
+                   help="baseline times; default bench/results/matmul-h100-cublas.json for matmul, "
+                        "bench/results/KERNEL-h100-baseline.json otherwise")
+    p.add_argument("--log", help="default bench/results/record-KERNEL-h100.json")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)
@@ -402,6 +450,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat-check", default="", help="re-time recorded configs, write the comparison, exit")
     p.add_argument("--probe-timing", default="", help="write timing quantiles per input set / flush, exit")
     args = p.parse_args(argv)
+    args.out = args.out or f"data/replay/{args.kernel}-h100.jsonl"
+    args.cublas_out = args.cublas_out or (f"bench/results/{args.kernel}-h100-cublas.json" if args.kernel == MATMUL
+                                          else f"bench/results/{args.kernel}-h100-baseline.json")
+    args.log = args.log or f"bench/results/record-{args.kernel}-h100.json"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     started = time.monotonic()
     for path, step in ((args.aot_vs_jit, aot_vs_jit), (args.repeat_check, repeat_check),
