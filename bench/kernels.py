@@ -1,0 +1,270 @@
+"""Each family's tuned config against its baselines, timed side by side in one run on one GPU.
+
+    python bench/kernels.py --out bench/results/kernels-h100.json [--families matmul,softmax,...]
+        [--time-budget-s 540] [--workers 14]
+
+Per problem of the family's shape set (bench/record.ISSUE_SHAPES; matmul: the recorded problems),
+these arms are timed together, interleaved (A B C, B C A, ...), by the same GPU timer the
+campaigns use (tilepilot.kernels.timing: CUDA events, or CUDA-graph replay for short kernels;
+L2 cold or warm as the family says; rounds until a 1% spread or a 100 ms cap per arm):
+- `tuned`: the fastest config of the family's recorded full grid for that problem
+  (data/replay/FAMILY-h100.jsonl), when the grid was recorded;
+- `default`: the config the family uses untuned (`default_config`);
+- `baseline`: the family's own baseline (`baseline_name`: cuBLAS for matmul, PyTorch's SDPA for
+  attention, eager PyTorch for the others);
+- `torch.compile`: the baseline's PyTorch code through torch.compile (softmax, the norms and
+  the fp8 quantiser; attention's baseline is already a fused kernel and fused_moe's a Python
+  loop over experts, so they have none);
+- matmul `tutorial`: the best of the configs in Triton's matmul tutorial autotune list, i.e.
+  what `@triton.autotune` over that list would pick;
+- silu_mul_fp8_quant `vllm-fallback`: the launch settings of vLLM's Triton fallback (one group
+  of 128 per program, one row, one warp).
+Every arm's output is checked against the family's reference before it is timed; an arm that
+fails the check is reported and not timed.
+
+The device ceilings (copy bandwidth, cuBLAS bf16 rate) are measured at the start of the run
+(tilepilot.kernels.ceilings), so each time also reads as a percentage of them. Rows are written
+as they finish; running the command again skips the problems already in --out (a run cut by
+--time-budget-s resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import multiprocessing as mp
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import record  # noqa: E402
+
+from tilepilot.experiments import Config, Problem  # noqa: E402
+
+log = logging.getLogger("kernels")
+FAMILIES = ("matmul", "softmax", "rmsnorm", "layernorm", "silu_mul_fp8_quant", "fused_moe", "attention")
+COMPILED_BASELINE = ("softmax", "rmsnorm", "layernorm", "silu_mul_fp8_quant")
+TUTORIAL = [  # Triton's matmul tutorial (03-matrix-multiplication.py), get_cuda_autotune_config, fp16 list
+    (128, 256, 64, 8, 8, 3), (64, 256, 32, 8, 4, 4), (128, 128, 32, 8, 4, 4), (128, 64, 32, 8, 4, 4),
+    (64, 128, 32, 8, 4, 4), (128, 32, 32, 8, 4, 4), (64, 32, 32, 8, 2, 5), (32, 64, 32, 8, 2, 5)]
+VLLM_FALLBACK = {"GROUPS_PER_PROGRAM": 1, "ROWS_PER_PROGRAM": 1, "num_warps": 1, "num_stages": 1}
+
+
+def tutorial_configs() -> list[Config]:
+    names = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+    return [Config.of(dict(zip(names, v, strict=True))) for v in TUTORIAL]
+
+
+def shapes(kernel: str) -> list[Problem]:
+    return record.problems_for(kernel, "all" if kernel == "matmul" else "issue")
+
+
+def tuned_configs(kernel: str) -> dict[str, Config]:
+    """Problem key -> the fastest config of the recorded grid."""
+    from tilepilot.kernels import get_family
+    from tilepilot.orchestrator.replay import load_dataset
+
+    path = ROOT / "data" / "replay" / f"{kernel}-h100.jsonl"
+    if not path.exists():
+        return {}
+    ds = load_dataset(path, get_family(kernel))
+    out = {}
+    for p in ds.problems:
+        ok = [(r.median_ms, c) for c, r in ds.records(p).items() if r.median_ms is not None]
+        if ok:
+            out[p.key()] = min(ok, key=lambda x: (x[0], x[1].key()))[1]
+    return out
+
+
+class Arms:
+    """Named launch closures for one problem, each checked against the reference."""
+
+    def __init__(self, family: Any, problem: Problem, target: Any) -> None:
+        self.family, self.problem, self.target = family, problem, target
+        self.inputs = family.make_inputs(problem, 0, "cuda")
+        self.ref = family.reference(problem, self.inputs)
+        self.launches: dict[str, Callable[[], None]] = {}
+        self.notes: dict[str, dict[str, Any]] = {}
+
+    def add(self, name: str, make: Callable[[Any], Callable[[], None]], **note: Any) -> None:
+        import torch
+
+        out = self.family.make_output(self.problem, self.inputs)
+        try:
+            fn = make(out)
+            _poison(out)
+            fn()
+            torch.cuda.synchronize()
+            err = self.family.error(self.problem, out, self.ref)
+        except Exception as e:  # an arm that cannot run is reported, the others go on
+            self.notes[name] = {**note, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            log.warning("%s %s: %s", self.problem.label(), name, self.notes[name]["error"])
+            return
+        tol = self.family.tolerance(self.problem)
+        self.notes[name] = {**note, "max_rel_err": _sig(err), "tolerance": tol}
+        if not err <= tol:
+            self.notes[name]["error"] = f"wrong result: error {err:.3g} over tolerance {tol:.3g}"
+            return
+        self.launches[name] = fn
+
+    def config(self, name: str, config: Config) -> None:
+        family, problem = self.family, self.problem
+
+        def make(out: Any) -> Callable[[], None]:
+            compiled = family.compile(problem, config, self.target)
+            return family.launcher(problem, config, self.inputs, out, compiled)
+
+        self.add(name, make, config=config.as_dict())
+
+
+def _poison(out: Any) -> None:
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+
+
+def _sig(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(f"{x:.5g}")
+
+
+def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: Any, target: Any,
+                  ceilings: Any) -> dict[str, Any]:
+    import torch
+
+    from tilepilot.kernels.timing import TimingPlan
+
+    arms = Arms(family, problem, target)
+    if tuned is not None:
+        arms.config("tuned", tuned)
+    arms.config("default", family.default_config(problem))
+    if family.name == "matmul":
+        for i, c in enumerate(tutorial_configs()):
+            arms.config(f"tutorial-{i}", c)
+    if family.name == "silu_mul_fp8_quant":
+        arms.config("vllm-fallback", Config.of(VLLM_FALLBACK))
+    arms.add("baseline", lambda out: family.baseline(problem, arms.inputs, out), name=family.baseline_name)
+    if family.name in COMPILED_BASELINE:
+        arms.add("torch.compile", lambda out: torch.compile(family.baseline(problem, arms.inputs, out)),
+                 name=f"torch.compile of the {family.baseline_name} baseline")
+    names = list(arms.launches)
+    plan = TimingPlan(rounds=5, block_ms=2.0, flush_l2=family.l2_flush, spread_target=0.01, time_cap_ms=100.0)
+    timings = timer.time([[arms.launches[n]] for n in names], plan, lambda i: None)
+    work = family.work(problem)
+    row: dict[str, Any] = {"kernel": family.name, "problem": problem.as_dict(), "label": problem.label(),
+                           "flops": work.flops, "bytes": work.bytes, "arms": {}}
+    for name, t in zip(names, timings, strict=True):
+        ms = t.median_ms
+        row["arms"][name] = {
+            **arms.notes[name], "median_ms": _sig(ms), "p20_ms": _sig(t.p20_ms), "p80_ms": _sig(t.p80_ms),
+            "reps": t.reps, "method": t.method, "l2_flushed": t.l2_flushed,
+            "tflops": _sig(work.tflops(ms)), "gbps": _sig(work.gbps(ms)),
+            "pct_copy_bandwidth": _sig(100 * work.gbps(ms) / ceilings.copy_gbps),
+            "pct_matmul_rate": _sig(100 * work.tflops(ms) / ceilings.matmul_tflops)}
+    for name, note in arms.notes.items():
+        row["arms"].setdefault(name, note)
+    tutorial = [a for n, a in row["arms"].items() if n.startswith("tutorial-") and a.get("median_ms")]
+    if tutorial:
+        row["arms"]["tutorial"] = min(tutorial, key=lambda a: a["median_ms"])
+    return row
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per family: the geometric mean of the tuned config's speed-up over each other arm, and the
+    tuned config's share of the copy bandwidth at each shape."""
+    out: dict[str, Any] = {}
+    for kernel in dict.fromkeys(r["kernel"] for r in rows):
+        mine = [r for r in rows if r["kernel"] == kernel]
+        others = sorted({n for r in mine for n in r["arms"] if n != "tuned" and not n.startswith("tutorial-")})
+        fam: dict[str, Any] = {"problems": len(mine), "tuned_speedup_geomean": {}}
+        for other in others:
+            ratios = [r["arms"][other]["median_ms"] / r["arms"]["tuned"]["median_ms"] for r in mine
+                      if r["arms"].get("tuned", {}).get("median_ms") and r["arms"].get(other, {}).get("median_ms")]
+            if ratios:
+                fam["tuned_speedup_geomean"][other] = {
+                    "geomean": _sig(math.exp(sum(math.log(x) for x in ratios) / len(ratios))),
+                    "min": _sig(min(ratios)), "max": _sig(max(ratios)), "n": len(ratios)}
+        fam["tuned_pct_copy_bandwidth"] = {r["label"]: r["arms"]["tuned"]["pct_copy_bandwidth"]
+                                           for r in mine if r["arms"].get("tuned", {}).get("median_ms")}
+        out[kernel] = fam
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="bench/results/kernels-h100.json")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--time-budget-s", type=float, default=540.0)
+    ap.add_argument("--workers", type=int, default=14)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    start = time.monotonic()
+
+    import torch
+
+    from tilepilot.kernels import get_family
+    from tilepilot.kernels.ceilings import measure_ceilings
+    from tilepilot.kernels.evaluate import Evaluator
+    from tilepilot.kernels.timing import GpuTimer
+
+    out = Path(args.out)
+    report = json.loads(out.read_text()) if out.exists() else {"rows": [], "runs": []}
+    done = {(r["kernel"], Problem.of(r["problem"]).key()) for r in report["rows"]}
+    ev = Evaluator("gpu")
+    target, timer = ev.target(), GpuTimer()
+    ceilings = measure_ceilings()
+    run = {"command": " ".join(["python", "bench/kernels.py", *(argv if argv is not None else sys.argv[1:])]),
+           "date": dt.date.today().isoformat(), **ev.environment().as_dict(),
+           "ceilings": {"copy_gbps": _sig(ceilings.copy_gbps), "matmul_tflops": _sig(ceilings.matmul_tflops),
+                        "details": ceilings.details}}
+    kernels = [k.strip() for k in args.families.split(",") if k.strip()]
+    todo = [(k, p) for k in kernels for p in shapes(k) if (k, p.key()) not in done]
+    tuned = {k: tuned_configs(k) for k in kernels}
+    with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"),
+                             initializer=record._child_init) as pool:  # warm Triton's cache ahead
+        futures = []
+        for k in kernels:
+            fam = get_family(k)
+            jobs = []
+            for p in shapes(k):
+                cs = [fam.default_config(p)] + ([tuned[k][p.key()]] if p.key() in tuned[k] else [])
+                cs += tutorial_configs() if k == "matmul" else []
+                cs += [Config.of(VLLM_FALLBACK)] if k == "silu_mul_fp8_quant" else []
+                jobs.append((p, cs))
+            futures += list(record.submit_compiles(pool, jobs, target, k).values())
+        last = 0.0
+        for kernel, problem in todo:
+            if time.monotonic() - start + 1.5 * last + 20 > args.time_budget_s:
+                log.info("time budget: stopping before %s %s", kernel, problem.label())
+                break
+            t0 = time.monotonic()
+            fam = get_family(kernel)
+            row = bench_problem(fam, problem, tuned[kernel].get(problem.key()), timer, target, ceilings)
+            report["rows"].append(row)
+            last = time.monotonic() - t0
+            arms = {n: a.get("median_ms") for n, a in row["arms"].items() if not n.startswith("tutorial-")}
+            log.info("%s %s (%.0f s): %s", kernel, problem.label(), last, arms)
+            report["summary"] = summarise(report["rows"])
+            out.write_text(json.dumps({**report, "runs": [*report["runs"], run]}, indent=1) + "\n")
+            torch.cuda.empty_cache()
+        pool.shutdown(wait=False, cancel_futures=True)
+    run["wall_s"] = round(time.monotonic() - start, 1)
+    report["runs"].append(run)
+    report["summary"] = summarise(report["rows"])
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    for kernel, fam in report["summary"].items():
+        log.info("%s: %s", kernel, json.dumps(fam["tuned_speedup_geomean"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
