@@ -274,3 +274,77 @@ def test_a_table_added_by_a_later_schema_step_comes_along_with_campaign_ids_mapp
                    "ORDER BY n.ts") == [{"name": "mm-hyp@b", "text": "first"}, {"name": "mm-hyp@b", "text": "second"},
                                         {"name": None, "text": "global"}]
     assert not merge_file(a, b).changed
+
+
+# ---- schema version 4: cost, estimates, device ceilings, imported experiments ------------------
+
+def _v4_store(tmp_path: Path, name: str, *, ceilings: list[tuple[str, float, float, float]]) -> Path:
+    """A replay campaign (its cost and estimate recorded), device ceilings and an imported vLLM file."""
+    from tilepilot.experiments import DeviceCeilings
+
+    db = tmp_path / f"{name}.db"
+    dataset = write_dataset(tmp_path / f"{name}.jsonl")
+    camp = write_campaign(tmp_path / f"{name}.toml", name=name, proposer="random", budget=5)
+    assert main(["tune", str(camp), "--backend", "replay", "--dataset", str(dataset), "--db", str(db)]) == 0
+    vllm = tmp_path / f"kernel=matmul,N=512,K=512,device_name=vendor_{name},dtype=fp16.json"
+    vllm.write_text(json.dumps({"512": {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32,
+                                        "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 3}}))
+    assert main(["import", str(vllm), "--db", str(db)]) == 0
+    with Store(db) as store:
+        for device, copy, rate, at in ceilings:
+            store.set_ceilings(DeviceCeilings(device, "570.00", copy_gbps=copy, matmul_tflops=rate, measured_at=at))
+    return db
+
+
+def test_v4_columns_devices_and_imports_come_along_and_twice_changes_nothing(tmp_path):
+    a = _v4_store(tmp_path, "a", ceilings=[("gpu x", 1000.0, 300.0, 100.0), ("gpu z", 1500.0, 350.0, 500.0)])
+    b = _v4_store(tmp_path, "b", ceilings=[("gpu x", 2000.0, 400.0, 200.0), ("gpu y", 3000.0, 900.0, 100.0),
+                                           ("gpu z", 1.0, 1.0, 400.0)])
+    b_campaign = rows(b, "SELECT gpu_seconds, llm_cost_usd, estimate, control FROM campaigns")[0]
+    b_imported = rows(b, "SELECT key, origin, origin_data FROM experiments WHERE origin != '' ORDER BY key")
+    a_before = {t: rows(a, f"SELECT * FROM {t}") for t in ("experiments", "results", "campaigns")}
+    report = merge_file(a, b)
+    assert report.added["devices"] == 1 and report.updated["devices"] == 1
+    devices = {(r["device"], r["copy_gbps"], r["matmul_tflops"], r["measured_at"]) for r in rows(
+        a, "SELECT * FROM devices")}
+    # gpu x: b measured later; gpu y: new; gpu z: ours is the later measurement
+    assert devices == {("gpu x", 2000.0, 400.0, 200.0), ("gpu y", 3000.0, 900.0, 100.0),
+                       ("gpu z", 1500.0, 350.0, 500.0)}
+    assert rows(a, "SELECT gpu_seconds, llm_cost_usd, estimate, control FROM campaigns WHERE name = 'b'") == [
+        b_campaign]
+    assert json.loads(b_campaign["estimate"])["actual"]["gpu_seconds"] == b_campaign["gpu_seconds"] > 0
+    assert rows(a, "SELECT key, origin, origin_data FROM experiments WHERE origin LIKE '%vendor_b%' ORDER BY key") \
+        == b_imported
+    assert rows(a, "SELECT COUNT(*) AS n FROM results WHERE experiment_key IN (SELECT key FROM experiments "
+                   "WHERE origin != '')") == [{"n": 0}]  # imported stays imported: no result
+    for table, before in a_before.items():  # nothing of a's own changed
+        after = {json.dumps(r, sort_keys=True) for r in rows(a, f"SELECT * FROM {table}")}
+        assert {json.dumps(r, sort_keys=True) for r in before} <= after
+    summary = json.loads(rows(a, "SELECT data FROM events WHERE kind = 'merged_from' AND campaign_id IS NULL")[0]
+                         ["data"])
+    assert summary["added"]["devices"] == 1 and summary["updated"]["devices"] == 1
+    after = snapshot(a)
+    assert not merge_file(a, b).changed and snapshot(a) == after
+    fresh = tmp_path / "fresh.db"
+    merge_file(fresh, a)
+    once = snapshot(fresh)
+    assert not merge_file(fresh, a).changed and snapshot(fresh) == once
+    assert rows(fresh, "SELECT device, copy_gbps FROM devices ORDER BY device") == rows(
+        a, "SELECT device, copy_gbps FROM devices ORDER BY device")
+
+
+def test_a_newer_copy_brings_the_campaigns_cost_but_never_its_control_request(tmp_path):
+    a = _v4_store(tmp_path, "a", ceilings=[])
+    b = tmp_path / "b.db"
+    shutil.copy(a, b)
+    for suffix in ("-wal", "-shm"):
+        if Path(f"{a}{suffix}").exists():
+            shutil.copy(f"{a}{suffix}", f"{b}{suffix}")
+    con = sqlite3.connect(b)
+    con.execute("UPDATE campaigns SET gpu_seconds = 12.5, llm_cost_usd = 0.75, control = 'stop', "
+                "updated_at = updated_at + 10")
+    con.commit()
+    con.close()
+    merge_file(a, b)
+    assert rows(a, "SELECT gpu_seconds, llm_cost_usd, control FROM campaigns") == [
+        {"gpu_seconds": 12.5, "llm_cost_usd": 0.75, "control": ""}]

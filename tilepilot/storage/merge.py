@@ -16,9 +16,12 @@ What a merge does, table by table:
   the incoming one is then renamed `ID@UID8` (UID8: 8 hex digits identifying its campaign),
   and its learning, verdicts, evidence, trials and queue rows follow. Event data is carried
   as written (ids inside it refer to the source store).
-- Rows that change while a campaign runs (its state, queue rows, winners, hypotheses) are
+- Rows that change while a campaign runs (its state and cost, queue rows, winners, hypotheses) are
   taken from the source when the source's copy of that campaign is newer (`updated_at`), or
-  when a winner was decided later there; otherwise this store's rows stay as they are.
+  when a winner was decided later there; otherwise this store's rows stay as they are. A
+  campaign's `control` request is never carried over to a campaign already here.
+- devices: one row per (device, driver); the later measurement (`measured_at`) is kept.
+- experiments carry their `origin` and `origin_data` (imported ones stay imported, with no result).
 - Provenance: each merge that adds or changes anything writes a `merged_from` event (source
   path, time, rows added per table, renames), and each campaign copied here gets a
   `merged_from` event of its own.
@@ -50,9 +53,11 @@ log = logging.getLogger(__name__)
 
 _IDENTITY = ("kernel", "created_at", "seed", "backend", "device", "proposer", "source")
 _EXPLICIT = ("campaigns", "experiments", "results", "trials", "queue", "events", "gpu_samples", "winners",
-             "hypotheses", "verdicts", "evidence", "learnings")
-_MUTABLE_CAMPAIGN = ("state", "updated_at", "finished_at")
-_MUTABLE_QUEUE = ("priority", "reason", "state", "worker", "experiment_key", "started_at", "finished_at")
+             "hypotheses", "verdicts", "evidence", "learnings", "devices")
+# A campaign's `control` (a person's pause/stop request to the driver running it) stays with the
+# store whose driver it was written for: it is copied with a new campaign, never updated.
+_MUTABLE_CAMPAIGN = ("state", "updated_at", "finished_at", "gpu_seconds", "llm_cost_usd", "estimate")
+_MUTABLE_QUEUE = ("priority", "reason", "state", "worker", "experiment_key", "started_at", "finished_at", "pinned")
 _MUTABLE_HYPOTHESIS = ("state", "pairs", "wins", "losses", "effect", "ci_low", "ci_high", "noise", "reason",
                        "updated_at", "decided_at")
 
@@ -191,6 +196,7 @@ class _Merger:
         self.winners()
         self.events()
         self.gpu_samples()
+        self.devices()
         for table in self.dst.table_names():
             if table not in _EXPLICIT and not table.startswith("sqlite_") and table in self.src_tables:
                 self.generic(table)
@@ -395,6 +401,18 @@ class _Merger:
             if (g["ts"], g["node"], g["gpu_uuid"]) not in here:
                 self._insert("gpu_samples", g)
                 here.add((g["ts"], g["node"], g["gpu_uuid"]))
+
+    # -- device ceilings -----------------------------------------------------------------------
+    def devices(self) -> None:
+        """One row per (device, driver): a row new here is copied, a later measurement replaces ours."""
+        here = {(r["device"], r["driver"]): r for r in self._dst("SELECT * FROM devices")}
+        for d in self._src("devices"):
+            local = here.get((d["device"], d["driver"]))
+            if local is None:
+                self._insert("devices", d)
+            elif d["measured_at"] > local["measured_at"]:
+                values = {c: d[c] for c in self._columns("devices", d) if c not in ("device", "driver")}
+                self._update("devices", {"device": d["device"], "driver": d["driver"]}, values, local)
 
     # -- any other table (added by a later schema step) ---------------------------------------
     def generic(self, table: str) -> None:
