@@ -372,3 +372,60 @@ def test_cli_export_of_a_missing_store_is_one_line(tmp_path, capsys):
     assert main(["export", "--db", str(tmp_path / "none.db"), "--format", "json"]) == 2
     assert "no tilepilot database" in capsys.readouterr().err
     assert not (tmp_path / "none.db").exists()
+
+
+# ---- fused_moe: the file vLLM's fused-MoE layer looks up ------------------------------------------
+
+MOE_TOKENS = (1, 16, 64, 256, 1024)
+MOE_SHAPE = {"E": 8, "topk": 2, "N": 1024, "K": 512, "dtype": "bf16"}  # N: w1's rows (gate and up)
+
+
+def moe_ms(problem: dict[str, Any], config: dict[str, Any]) -> float:
+    """SYNTHETIC: rows per expert decide the best BLOCK_SIZE_M; the rest is a mild preference."""
+    rows = problem["M"] * problem["topk"] / problem["E"]
+    waste = max(1.0, config["BLOCK_SIZE_M"] / max(rows, 1.0))
+    return round(0.01 * waste * (1 + 0.07 * (config["num_warps"] == 8)) * (1 + 0.03 * abs(config["num_stages"] - 3.6))
+                 * (128 / config["BLOCK_SIZE_N"]) ** 0.2 * (1 + 0.02 * (config["GROUP_SIZE_M"] == 1))
+                 * (64 / config["BLOCK_SIZE_K"]) ** 0.1 * (1 + 0.001 * problem["M"] ** 0.5), 7)
+
+
+@pytest.fixture(scope="module")
+def moe_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tilepilot.kernels.registry import get_family
+    from tilepilot.orchestrator.tune import TuneOptions, tune
+
+    folder = tmp_path_factory.mktemp("moe")
+    family = get_family("fused_moe")
+    lines = []
+    for m in MOE_TOKENS:
+        problem = family.parse_problem({"M": m, **MOE_SHAPE})
+        for config in family.space().valid(problem)[::3]:
+            c = config.as_dict()
+            median = moe_ms(problem.as_dict(), c)
+            lines.append(json.dumps({"kernel": "fused_moe", "problem": problem.as_dict(), "config": c, "status": "ok",
+                                     "median_ms": median, "p20_ms": median * 0.99, "p80_ms": median * 1.01, "reps": 40,
+                                     "device": "synthetic device", "torch": "0.0", "triton": "0.0"}))
+    dataset = folder / "moe.jsonl"
+    dataset.write_text("\n".join(lines) + "\n")
+    camp = folder / "moe.toml"
+    camp.write_text('[campaign]\nname = "moe"\nkernel = "fused_moe"\nproposer = "grid"\nbudget = 1000\nseed = 1\n')
+    tune(TuneOptions(campaign=camp, backend="replay", dataset=dataset, db=folder / "moe.db"))
+    return folder / "moe.db"
+
+
+def test_fused_moe_export_is_the_file_vllm_looks_up_and_picks_the_declared_winners(moe_db, tmp_path):
+    files = exported(moe_db, "vllm", kernel="fused_moe")
+    # vLLM's name: E and w2.shape[2] (the intermediate size after silu_and_mul: half of w1's N); no
+    # dtype selector for bf16
+    assert [f.name for f in files] == [vllm_reference_name(8, MOE_SHAPE["N"] // 2, "synthetic device", None)]
+    path = tmp_path / files[0].name
+    path.write_text(files[0].text)
+    data = json.loads(files[0].text)
+    assert list(data) == [str(m) for m in MOE_TOKENS]
+    assert all(set(cfg) == set(VLLM_KEYS) and all(isinstance(v, int) for v in cfg.values()) for cfg in data.values())
+    winners = {w["problem"]["M"]: w["config"] for w in store_winners(moe_db).values()}
+    assert sorted(winners) == list(MOE_TOKENS)
+    assert len({json.dumps(c, sort_keys=True) for c in winners.values()}) > 1  # the winners differ with M
+    for m in (1, 2, 5, 12, 16, 40, 64, 100, 256, 600, 1024, 50_000):
+        nearest = min(MOE_TOKENS, key=lambda t: abs(t - m))
+        assert vllm_lookup(path, m) == winners[nearest]
