@@ -429,3 +429,24 @@ def test_fused_moe_export_is_the_file_vllm_looks_up_and_picks_the_declared_winne
     for m in (1, 2, 5, 12, 16, 40, 64, 100, 256, 600, 1024, 50_000):
         nearest = min(MOE_TOKENS, key=lambda t: abs(t - m))
         assert vllm_lookup(path, m) == winners[nearest]
+
+
+def test_json_export_carries_baseline_median_config_recheck_and_learnings(db_path):
+    (out,) = exported(db_path, "json")
+    doc = json.loads(out.text)
+    winners = store_winners(db_path)
+    con = sqlite3.connect(db_path)
+    try:
+        learned = dict(con.execute("SELECT hypothesis_id, id FROM learnings"))
+    finally:
+        con.close()
+    for entry in doc["winners"]:
+        w = winners[json.dumps(entry["problem"], sort_keys=True, separators=(",", ":"))]
+        assert entry["median_config_ms"] == w["median_config_ms"]
+        assert entry["speedup_vs_median_config"] == pytest.approx(w["median_config_ms"] / w["median_ms"])
+        assert entry["recheck_err"] == w["recheck_err"]
+        expected = None if w["baseline_ms"] is None else {
+            "name": w["baseline_name"], "median_ms": w["baseline_ms"], "speedup": w["baseline_ms"] / w["median_ms"]}
+        assert entry["baseline"] == expected
+        assert entry["evidence"]["learnings"] == sorted(learned[h] for h in entry["evidence"]["hypotheses"]
+                                                        if h in learned)
