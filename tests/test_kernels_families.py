@@ -39,6 +39,10 @@ USER_ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'campaigns'}", "TILEPILOT_
 MATMUL_SPECIFIC = ("matmul", "matmul_faults")
 
 
+def attn(b: int, h: int, s: int, d: int, causal: bool, dtype: str) -> dict[str, Any]:
+    return {"B": b, "H": h, "S": s, "D": d, "causal": causal, "dtype": dtype}
+
+
 def rows(r: int, c: int, dtype: str) -> dict[str, Any]:
     return {"rows": r, "cols": c, "dtype": dtype}
 
@@ -72,6 +76,19 @@ class Case:
 
 
 CASES = {
+    "attention": Case(
+        (attn(1, 2, 100, 64, False, "fp16"), attn(1, 2, 100, 64, True, "fp16"),  # ragged: 100 is no block multiple
+         attn(2, 1, 45, 128, True, "fp16")),
+        tuple(attn(4, 32, s, d, c, "bf16") for s in (1024, 4096) for d in (64, 128) for c in (False, True)),
+        ((attn(1, 1, 64, 96, False, "fp16"), r"D=96 is not one of \{{32, 64, 128\}}"),
+         (attn(1, 1, 64, 64, "yes", "fp16"), r"causal='yes' is not one of \{{true, false\}}"),
+         (attn(1, 1, 64, 64, False, "fp32"), r"dtype='fp32' is not one of \{{bf16, fp16\}}"),
+         (attn(1, 1, 0, 64, False, "fp16"), r"S=0 is not a positive integer"),
+         ({"B": 1, "S": 64, "D": 64, "causal": False, "dtype": "fp16"}, r"{name} problem is missing H"),
+         ({**attn(1, 1, 64, 64, False, "fp16"), "scale": 0.1},
+          r"unknown {name} problem key 'scale' \(allowed: B, H, S, D, causal, dtype\)"),
+         (attn(256, 256, 64, 64, False, "fp16"), r"B=256 H=256 has 65536 heads in all \(at most 65535 allowed\)"),
+         (attn(1, 1, 2**25, 128, True, "bf16"), r"each operand has 4294967296 elements"))),
     "softmax": Case(ROW_SMALL, ROW_ISSUE, ROW_BAD),
     "rmsnorm": Case(ROW_SMALL, ROW_ISSUE, ROW_BAD),
     "layernorm": Case(ROW_SMALL, ROW_ISSUE, ROW_BAD),
@@ -357,6 +374,9 @@ def row_config(block: int, per_program: int, warps: int, stages: int) -> dict[st
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pipelined = [row_config(2048, 2, 4, 3), row_config(8192, 4, 8, 2)]
     jobs = [[n, rows(4096, 8192, "bf16"), pipelined] for n in ("softmax", "rmsnorm", "layernorm")]
+    jobs.append(["attention", attn(4, 32, 4096, 128, True, "bf16"),
+                 [{"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+                  {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 5}]])
     jobs.append(["silu_mul_fp8_quant", tokens(4096, 14336, "bf16"),
                  [{"GROUPS_PER_PROGRAM": 1, "ROWS_PER_PROGRAM": 1, "num_warps": 1, "num_stages": 1},
                   {"GROUPS_PER_PROGRAM": 16, "ROWS_PER_PROGRAM": 8, "num_warps": 8, "num_stages": 3}]])

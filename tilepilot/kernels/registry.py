@@ -37,6 +37,7 @@ BUILTINS: dict[str, str] = {
     "rmsnorm": "tilepilot.kernels.norms:RmsnormFamily",
     "layernorm": "tilepilot.kernels.norms:LayernormFamily",
     "silu_mul_fp8_quant": "tilepilot.kernels.fp8_quant:SiluMulFp8QuantFamily",
+    "attention": "tilepilot.kernels.attention:AttentionFamily",
     "fused_moe": "tilepilot.kernels.fused_moe:FusedMoeFamily",
 }
 
