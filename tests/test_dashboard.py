@@ -58,11 +58,36 @@ def texts(at: AppTest) -> list[str]:
 
 # -- Overview ------------------------------------------------------------------------------------
 
+def charts_of(at: AppTest, field: str) -> list[dict]:
+    """The specs of the page's charts that encode `field` somewhere."""
+    return [spec for spec in (json.loads(c.proto.spec) for c in at.get("vega_lite_chart")) if field in json.dumps(spec)]
+
+
+def chart_tables(at: AppTest) -> list:
+    """Every data set of every chart on the page."""
+    from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+    return [convert_arrow_bytes_to_pandas_df(d.data.data) for c in at.get("vega_lite_chart") for d in c.proto.datasets]
+
+
+def chart_data(at: AppTest, field: str):
+    """The data set of the first chart that has a column `field`."""
+    found = [t for t in chart_tables(at) if field in t.columns]
+    assert found, f"no chart data has a column {field!r}"
+    return found[0]
+
+
+def bound_ms(problem) -> float:
+    """The roofline time bound of a fixture problem on the fixture's ceilings, from the family's work model."""
+    from tilepilot.kernels.registry import get_family
+    w = get_family(fx.KERNEL).work(problem)
+    return max(w.flops / (fx.CEILINGS.matmul_tflops * 1e12), w.bytes / (fx.CEILINGS.copy_gbps * 1e9)) * 1e3
+
+
 def test_overview_shows_progress_state_and_best_of_the_running_campaign(monkeypatch, db):
     at = page(monkeypatch, db)
     assert at.title[0].value == "Overview"
-    assert metrics(at) == {"Trials (done / budget)": "4/16", "OK": "3", "Failed": "1",
-                           "Queued": "2", "Running": "1"}
+    assert list(metrics(at).items())[:5] == [("Trials (done / budget)", "4/16"), ("OK", "3"), ("Failed", "1"),
+                                             ("Queued", "2"), ("Running", "2")]
     assert "mm-live · running" in at.subheader[0].value
     campaigns, problems = frames(at)
     assert list(campaigns["campaign"]) == ["mm-replay", "mm-live"]
@@ -71,35 +96,102 @@ def test_overview_shows_progress_state_and_best_of_the_running_campaign(monkeypa
     assert list(problems["trials done / budget"]) == ["3/8", "1/8"]
     assert list(problems["best so far (ms)"]) == [0.4321, 1.2345]
     assert problems["best config"][0] == "BLOCK_SIZE_M=128 BLOCK_SIZE_N=256 num_warps=8 num_stages=3"
+    assert list(problems["proposer of best"]) == ["optuna", "rules"]
     assert any(GPU_SOURCE in c.value for c in at.caption)
+
+
+def test_overview_shows_speedups_roofline_share_gpu_time_and_model_spend(monkeypatch, db):
+    at = page(monkeypatch, db)
+    campaigns, problems = frames(at)
+    replay, live_ = campaigns.iloc[0], campaigns.iloc[1]
+    assert replay["× vs median (geomean)"] == pytest.approx(((0.7777 + 0.6543) / 2) / 0.6543)
+    assert replay["× vs baseline (geomean)"] == pytest.approx(0.5888 / 0.6543)
+    assert replay["% of roofline (median)"] == pytest.approx(100 * bound_ms(fx.P1) / 0.6543)
+    assert replay["GPU time"] == "0.143 s"  # recorded at its end: 100 repetitions × (0.7777 + 0.6543) ms
+    assert (replay["LLM tokens"], replay["LLM cost"], replay["ETA"]) == ("none", "—", "—")
+    assert live_["GPU time"] == "0.227 s"  # summed: 52.5 ms timed + 100 × 0.5123 + 100 × 1.2345 ms
+    assert (live_["LLM tokens"], live_["LLM cost"]) == ("8k in / 1.3k out", "$0.0270 (+1 unpriced)")
+    assert live_["ETA"].startswith("≈ ")
+    assert list(problems["% of roofline"]) == pytest.approx([100 * bound_ms(fx.P1) / 0.4321,
+                                                             100 * bound_ms(fx.P2) / 1.2345])
+    assert problems["× vs median config"][0] == pytest.approx(((0.5123 + 0.4321) / 2) / 0.4321)
+    assert problems["× vs baseline"].isna().all()  # no winner decided yet
+    m = metrics(at)
+    assert (m["GPU time"], m["LLM tokens"], m["LLM cost"]) == ("0.227 s", "8k in / 1.3k out",
+                                                               "$0.0270 (+1 unpriced)")
+    assert m["ETA"].startswith("≈ ") and m["Compile time"] == "2.44 s"  # 3 × 812.5 ms
+    assert any(c.value.startswith("% of roofline against the ceilings of Synthetic GPU 80GB") and "copy 2000 GB/s" in
+               c.value and "bf16 matmul 500 TFLOP/s" in c.value for c in at.caption)
+
+
+def test_overview_of_the_finished_replay_campaign_says_replay_its_winner_and_the_baseline(monkeypatch, db):
+    at = page(monkeypatch, db)
+    at.selectbox(key="overview_campaign").set_value(2).run()
+    assert "mm-replay · finished" in at.subheader[0].value
+    assert metrics(at)["Trials (done / budget)"] == "2/4"
+    assert metrics(at)["ETA"] == "—"
+    problems = frames(at)[1]
+    assert list(problems["best so far (ms)"]) == [0.6543]
+    assert list(problems["winner (ms)"]) == [0.6543]
+    assert list(problems["winner"]) == ["decided"]
+    assert list(problems["baseline"]) == [fx.BASELINE]
+    assert problems["× vs baseline"][0] == pytest.approx(0.5888 / 0.6543)
+    assert any(REPLAY_SOURCE in c.value for c in at.caption)
+
+
+def test_overview_shows_no_roofline_share_without_stored_ceilings(monkeypatch, tmp_path):
+    live_ = fx.build(tmp_path / "dash.db")
+    live_.store.db.execute("DELETE FROM devices")  # a store whose device was never measured
+    live_.store.db.conn.commit()
+    at = page(monkeypatch, tmp_path / "dash.db")
+    campaigns, problems = frames(at)
+    assert problems["% of roofline"].isna().all() and campaigns["% of roofline (median)"].isna().all()
+    assert any(c.value.startswith("% of roofline: — (no ceilings stored for Synthetic GPU 80GB") for c in at.caption)
+    assert len(charts_of(at, "FLOP per byte")) == 1  # the results are drawn, with no roofline:
+    assert not [t for t in chart_tables(at) if "note" in t.columns]
 
 
 def test_overview_draws_one_convergence_chart_per_problem(monkeypatch, db):
     at = page(monkeypatch, db)
-    assert len(at.get("vega_lite_chart")) == 2
+    assert len(charts_of(at, "best_so_far_ms")) == 2
     captions = [c.value for c in at.caption]
     assert "M=4096 N=4096 K=512 dtype=fp16 · best 0.4321 ms" in captions
     assert "M=64 N=8192 K=2048 dtype=bf16 · best 1.234 ms" in captions
 
 
 def test_convergence_charts_put_time_on_a_log_axis(monkeypatch, db):
-    charts = page(monkeypatch, db).get("vega_lite_chart")
+    charts = charts_of(page(monkeypatch, db), "best_so_far_ms")
     assert len(charts) == 2
-    for chart in charts:
-        spec = json.loads(chart.proto.spec)
+    for spec in charts:
         assert [layer["encoding"]["y"]["scale"]["type"] for layer in spec["layer"]] == ["log", "log"]
 
 
-def test_overview_of_the_finished_replay_campaign_says_replay_and_its_winner(monkeypatch, db):
+def test_roofline_chart_places_each_result_by_intensity_and_draws_both_ceilings(monkeypatch, db):
+    from tilepilot.kernels.registry import get_family
     at = page(monkeypatch, db)
-    at.selectbox(key="overview_campaign").set_value(2).run()
-    assert "mm-replay · finished" in at.subheader[0].value
-    assert metrics(at)["Trials (done / budget)"] == "2/4"
-    problems = frames(at)[1]
-    assert list(problems["best so far (ms)"]) == [0.6543]
-    assert list(problems["winner (ms)"]) == [0.6543]
-    assert list(problems["winner"]) == ["decided"]
-    assert any(REPLAY_SOURCE in c.value for c in at.caption)
+    points = chart_data(at, "% of roofline")
+    w1 = get_family(fx.KERNEL).work(fx.P1)
+    p1 = points[points["problem"] == "M=4096 N=4096 K=512 dtype=fp16"].sort_values("median_ms")
+    assert list(p1["median_ms"]) == [0.4321, 0.5123] and list(p1["result"]) == ["best", "other"]
+    assert p1["FLOP per byte"].tolist() == pytest.approx([w1.flops / w1.bytes] * 2)
+    assert p1["TFLOP/s"].tolist() == pytest.approx([w1.flops / (ms * 1e-3) / 1e12 for ms in (0.4321, 0.5123)])
+    notes = [t["note"][0] for t in chart_tables(at) if "note" in t.columns]
+    assert notes == ["copy 2000 GB/s", "bf16 matmul 500 TFLOP/s"]
+    line = next(t for t in chart_tables(at) if list(t.columns) == ["FLOP per byte", "TFLOP/s"] and len(t) > 2)
+    assert line["TFLOP/s"].tolist() == pytest.approx([min(500.0, x * 2000.0 / 1000) for x in line["FLOP per byte"]])
+    assert line["TFLOP/s"].max() == pytest.approx(500.0)  # the matmul ceiling; the slope is the copy bandwidth
+
+
+def test_parameter_effect_chart_gives_time_over_the_problems_best_per_value(monkeypatch, db):
+    at = page(monkeypatch, db)
+    effects = chart_data(at, "q50")
+    warps = effects[effects["param"] == "num_warps"].set_index("value")
+    # P1: 0.5123 (warps 4) and 0.4321 (warps 8, its best); P2: 1.2345 (warps 4, its best)
+    assert warps.loc["4", "n"] == 2 and warps.loc["8", "n"] == 1
+    assert warps.loc["4", "q50"] == pytest.approx((0.5123 / 0.4321 + 1) / 2)
+    assert warps.loc["8", "q50"] == pytest.approx(1.0)
+    assert list(warps["order"]) == [0, 1]
+    assert set(effects["param"]) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "num_warps", "num_stages"}
 
 
 def test_overview_keeps_the_fastest_trial_as_best_so_far_beside_the_re_measured_winner(monkeypatch, tmp_path):
@@ -128,27 +220,67 @@ def test_overview_follows_the_store_as_the_campaign_advances(monkeypatch, tmp_pa
     campaign.store.set_campaign_state(campaign.campaign_id, "finished")
     time.sleep(data.TTL_S + 0.2)  # the cached queries expire
     at.run()
-    assert metrics(at) == {"Trials (done / budget)": "5/16", "OK": "4", "Failed": "1",
-                           "Queued": "2", "Running": "0"}
+    assert list(metrics(at).items())[:5] == [("Trials (done / budget)", "5/16"), ("OK", "4"), ("Failed", "1"),
+                                             ("Queued", "2"), ("Running", "1")]
     assert list(frames(at)[1]["best so far (ms)"]) == [0.3999, 1.2345]
     assert "mm-live · finished" in at.subheader[0].value
+    assert metrics(at)["ETA"] == "—"
+
+
+def test_overview_thins_a_long_campaign_to_every_new_best_and_an_even_sample():
+    from tilepilot.dashboard import digest
+    from tilepilot.dashboard.reads import TrialPoint
+    times = [10.0 - i * 0.001 if i % 97 == 0 else 20.0 + i % 7 for i in range(5000)]
+    points = [TrialPoint(i, "p", f"k{i}", "{}", i + 1, "optuna", False, float(i), "ok", ms, 100, None, 1.0)
+              for i, ms in enumerate(times)]
+    drawn = digest.convergence(points, max_points=300)["p"]
+    assert len(drawn) <= 300
+    assert [p.seq for p in drawn if p.improved] == [i + 1 for i in range(0, 5000, 97)]  # every new best kept
+    assert drawn[-1].seq == 5000 and drawn[-1].best_so_far_ms == pytest.approx(min(times))
 
 
 # -- GPUs --------------------------------------------------------------------------------------
 
-def test_gpus_page_shows_one_card_per_gpu_with_nvml_readings(monkeypatch, db):
+def test_gpus_page_shows_one_card_per_gpu_of_every_node_with_nvml_readings(monkeypatch, db):
     at = page(monkeypatch, db, "gpus")
+    assert [s.value for s in at.subheader] == ["Node node-a · 2 GPU(s)", "Node node-b · 2 GPU(s)"]
     values = [(m.label, m.value) for m in at.metric]
+    assert len(values) == 4 * 5
     assert values[:5] == [("Utilisation", "91 %"), ("Memory (of 80 GiB)", "40.0 GiB"),
                           ("SM clock", "1755 MHz"), ("Power", "612 W"), ("Temperature", "71 °C")]
-    assert values[5:] == [("Utilisation", "3 %"), ("Memory (of 80 GiB)", "1.0 GiB"), ("SM clock", "345 MHz"),
-                          ("Power", "93 W"), ("Temperature", "38 °C")]
-    shown = texts(at)
-    assert "throttle: none" in shown and "throttle: sw_power_cap" in shown
-    assert "worker: gpu-0   now: mm-live M=4096 N=4096 K=512 fp16" in shown
-    assert "worker: gpu-1   now: idle" in shown
-    assert any(t.startswith("queue: M=4096 N=4096 K=512 dtype=fp16 | BLOCK_SIZE_M=64") for t in shown)
-    assert len(at.get("arrow_line_chart")) + len(at.get("vega_lite_chart")) == 2
+    assert values[5:10] == [("Utilisation", "3 %"), ("Memory (of 80 GiB)", "1.0 GiB"), ("SM clock", "345 MHz"),
+                            ("Power", "93 W"), ("Temperature", "38 °C")]
+    assert values[10:15] == [("Utilisation", "68 %"), ("Memory (of 80 GiB)", "30.0 GiB"), ("SM clock", "1660 MHz"),
+                             ("Power", "455 W"), ("Temperature", "66 °C")]
+    assert values[15:] == [("Utilisation", "0 %"), ("Memory (of 80 GiB)", "0.5 GiB"), ("SM clock", "210 MHz"),
+                           ("Power", "71 W"), ("Temperature", "35 °C")]
+    sparklines = [list(m.proto.chart_data) for m in at.metric]
+    assert sparklines[0] == [87.0, 88.0, 89.0, 90.0, 91.0]  # utilisation over the window, oldest first
+    assert sparklines[12] == [1620.0, 1630.0, 1640.0, 1650.0, 1660.0]  # node-b GPU 0's SM clock
+    assert any(c.value.startswith("4 GPU(s) on 2 node(s)") for c in at.caption)
+
+
+def test_gpus_page_says_what_each_gpu_runs_from_the_queue_and_how_it_throttled(monkeypatch, db):
+    shown = texts(page(monkeypatch, db, "gpus"))
+    assert shown[:2] == ["throttle: none", "worker: gpu-0"]
+    assert shown[2].startswith("now: mm-live | M=4096 N=4096 K=512 dtype=fp16 | BLOCK_SIZE_M=64 BLOCK_SIZE_N=256 "
+                               "num_warps=4 num_stages=4 (optuna, running for ")
+    assert shown[3:6] == ["throttle: sw_power_cap (throttled in 5 of 5 samples: sw_power_cap)", "worker: gpu-1",
+                          "now: idle"]
+    # node-b's GPU 0 stores no note of what it runs: the queue row on its worker says it
+    assert shown[7] == "worker: gpu-2"
+    assert shown[8].startswith("now: mm-live | M=64 N=8192 K=2048 dtype=bf16 | BLOCK_SIZE_M=64 BLOCK_SIZE_N=256 "
+                               "num_warps=4 num_stages=4 (rules, running for ")
+    assert shown[9:12] == ["throttle: none now (throttled in 2 of 5 samples: hw_slowdown)", "worker: gpu-3",
+                           "now: idle"]
+
+
+def test_gpus_page_lists_rows_running_on_a_worker_with_no_samples(monkeypatch, tmp_path):
+    live_ = fx.build(tmp_path / "dash.db")
+    live_.store.set_queue_state(live_.queue_ids["p1-llm"], "compiling", worker="gpu-9")
+    at = page(monkeypatch, tmp_path / "dash.db", "gpus")
+    assert at.subheader[-1].value == "Running on no GPU shown above (1)"
+    assert texts(at)[-2].startswith("worker gpu-9: mm-live | M=4096 N=4096 K=512 dtype=fp16 | BLOCK_SIZE_M=128")
 
 
 def test_gpus_page_says_no_gpu_visible_without_samples(monkeypatch, tmp_path):
@@ -167,17 +299,54 @@ def test_gpus_page_says_no_gpu_visible_when_samples_are_old(monkeypatch, tmp_pat
 
 # -- Queue -------------------------------------------------------------------------------------
 
-def test_queue_page_shows_running_and_next_in_priority_order_with_reasons(monkeypatch, db):
+def test_queue_page_shows_running_next_and_done_with_proposer_rationale_hypothesis_and_prediction(monkeypatch, db):
     at = page(monkeypatch, db, "queue")
-    running, nxt = frames(at)
-    assert list(running["worker"]) == ["gpu-0"]
-    assert list(running["predicted (ms)"]) == [0.418]
+    running, nxt, done, _ = frames(at)
+    assert list(running["worker"]) == ["gpu-0", "gpu-2"]
+    assert list(running["predicted (ms)"]) == [0.418, 1.05]
+    assert list(running["proposer"]) == ["optuna", "rules"]
     assert list(nxt["#"]) == [1, 2]
-    assert list(nxt["priority"]) == [1.75, 0.5]
-    assert list(nxt["reason"]) == ["rule: N tiles", "exploration"]
-    assert list(nxt["rationale"]) == ["wider N tile for a skinny problem", "TPE exploration"]
+    assert list(nxt["pinned"]) == [True, False]  # pinned first, whatever its priority was
+    assert list(nxt["priority"]) == [3.0, 1.25]
+    assert list(nxt["reason"]) == ["pinned by a person", "in proposal order (llm)"]
+    assert list(nxt["proposer"]) == ["optuna", "llm"]
+    assert list(nxt["hypothesis"]) == ["", "H-0000beef"]
+    assert nxt["rationale"][1] == f"deeper pipeline for a short K {fx.HOSTILE}"
+    assert nxt["predicted (ms)"][1] == 0.4711 and nxt["predicted (ms)"].isna()[0]
     assert set(nxt["source"]) == {GPU_SOURCE}
-    assert [s.value for s in at.subheader] == ["Running (1)", "Next (2 queued)", "Recently done (0 in all)"]
+    assert list(done["result"]) == ["dropped"]
+    assert done["reason"][0].startswith("dropped: needs the same shared memory")
+    assert [s.value for s in at.subheader] == ["Running (2)", "Next (2 queued)", "Recently done (1 in all)",
+                                               "Why the queue changed"]
+
+
+def test_queue_page_says_why_each_entry_moved(monkeypatch, db):
+    at = page(monkeypatch, db, "queue")
+    nxt, changes = frames(at)[1], frames(at)[3]
+    assert nxt["last move"][0] == f"pinned: queue entry {nxt['entry'][0]} pinned at the head of the queue by a person"
+    assert nxt["last move"][1] == ("moved up 3→1: moved up: tests H-0000beef, which the last 4 results made likely "
+                                   f"(1.21x over 2 pairs) {fx.HOSTILE}")
+    assert list(changes["change"]) == ["pinned", "asked to pin", "dropped", "moved up"]
+    moved = changes.iloc[3]
+    assert (moved["places"], moved["entry"]) == ("3→1", nxt["entry"][1])
+    assert moved["config"] == "BLOCK_SIZE_M=128 BLOCK_SIZE_N=64 num_warps=4 num_stages=5"
+    assert changes.iloc[2]["config"] == "BLOCK_SIZE_M=256 BLOCK_SIZE_N=128 num_warps=8 num_stages=5"
+
+
+def test_queue_history_reads_what_a_driver_wrote_and_ignores_what_it_did_not():
+    from tilepilot.dashboard import queue_history
+    from tilepilot.dashboard.reads import QueueEvent
+    events = [QueueEvent(3, 30.0, 1, "reordered", "re-scored", {"moves": [
+                  {"queue_id": 7, "from": 2, "to": 5, "reason": "moved down: tests H-1, validated already"},
+                  "not a move", {"queue_id": "x", "from": None}]}),
+              QueueEvent(2, 20.0, 1, "control", "not done", {"action": "promote", "queue_id": 7, "honoured": False}),
+              QueueEvent(1, 10.0, 1, "reordered", "old format", {})]
+    rows = queue_history.changes(events)
+    assert [(c.what, c.queue_id, c.before, c.after) for c in rows] == [
+        ("moved down", 7, 2, 5), ("moved", None, None, None), ("promoted: not done", 7, None, None),
+        ("re-scored", None, None, None)]
+    assert queue_history.describe(queue_history.last_change(rows)[7]) == \
+        "moved down 2→5: moved down: tests H-1, validated already"
 
 
 def test_queue_page_moves_a_finished_row_to_recently_done(monkeypatch, tmp_path):
@@ -186,11 +355,12 @@ def test_queue_page_moves_a_finished_row_to_recently_done(monkeypatch, tmp_path)
     key = campaign.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
     campaign.store.set_queue_state(qid, "done", experiment_key=key)
     at = page(monkeypatch, tmp_path / "dash.db", "queue")
-    done = frames(at)[-1]
-    assert list(done["result"]) == ["ok"]
-    assert list(done["median (ms)"]) == [0.3999]
-    assert list(done["source"]) == [GPU_SOURCE]
-    assert [s.value for s in at.subheader] == ["Running (0)", "Next (2 queued)", "Recently done (1 in all)"]
+    done = frames(at)[2]
+    assert list(done["result"]) == ["ok", "dropped"]
+    assert done["median (ms)"][0] == 0.3999
+    assert done["predicted / measured"][0] == pytest.approx(0.418 / 0.3999)
+    assert list(done["source"]) == [GPU_SOURCE, GPU_SOURCE]
+    assert [s.value for s in at.subheader][:3] == ["Running (1)", "Next (2 queued)", "Recently done (2 in all)"]
 
 
 # -- Experiments -------------------------------------------------------------------------------
@@ -232,6 +402,39 @@ def test_experiments_detail_shows_config_rationale_and_message(monkeypatch, db):
                                 '"num_stages": 5}')
     assert "largest tile that fits" in texts(at)
     assert at.code[0].value == "shared memory 262144 > 232448"
+    assert any(c.value == "No timing: the config did not run correctly." for c in at.caption)
+
+
+def test_experiments_detail_shows_timing_spread_telemetry_resources_and_how_timing_stopped(monkeypatch, db):
+    at = page(monkeypatch, db, "experiments")
+    detail = at.selectbox(key="experiment_detail")
+    detail.select(next(k for k in detail.options if "num_warps=8 num_stages=3" in k)).run()
+    m = metrics(at)
+    assert (m["Status"], m["Median"], m["Predicted"], m["Compile"]) == ("ok", "0.4321 ms", "0.45 ms", "812.5 ms")
+    assert (m["SM clock"], m["Power"], m["Temperature"]) == ("1710 MHz", "598 W", "69 °C")
+    assert (m["Registers / thread"], m["Spills"], m["Max relative error"]) == ("168", "4", "3.25e-04")
+    assert m["% of roofline"] == f"{100 * bound_ms(fx.P1) / 0.4321:.0f} %"
+    timing = dict(zip(frames(at)[1]["timing"], frames(at)[1]["value"], strict=True))
+    assert timing["p20 – p80"] == f"{0.4321 * 0.995:.4g} ms – {0.4321 * 1.004:.4g} ms"
+    assert timing["repetitions"] == "120" and timing["method"] == "cuda-graph"
+    assert timing["spread target"] == "1.00 %" and timing["time cap"] == "200 ms"
+    assert timing["stopped by"] == "spread reached the target" and timing["GPU time timing it"] == "52.5 ms"
+    hyps = frames(at)[2]
+    assert list(hyps["hypothesis"]) == ["H-0000beef"] and list(hyps["how"]) == ["its trial tests it"]
+    tried = frames(at)[3]
+    assert list(tried["campaign"]) == ["mm-live"] and list(tried["rationale"]) == [fx.HOSTILE]
+
+
+def test_experiment_detail_names_the_hypotheses_it_is_evidence_for(monkeypatch, ledger_db):
+    path, ledger = ledger_db
+    at = page(monkeypatch, path, "experiments")
+    key_a = ledger.pairs["validated"][0][0]
+    at.selectbox(key="experiment_detail").set_value(key_a).run()
+    hyps = frames(at)[2]
+    h = ledger.hypotheses["validated"]
+    assert set(zip(hyps["hypothesis"], hyps["how"], strict=True)) == {(h.id, "its trial tests it"),
+                                                                       (h.id, "supports (as a)")}
+    assert hyps["statement"][0] == h.text
 
 
 # -- Log -----------------------------------------------------------------------------------------
@@ -241,8 +444,10 @@ def test_log_page_lists_events_newest_first_and_filters_by_kind(monkeypatch, db)
     table = frames(at)[0]
     assert table["kind"][0] == "campaign_finished"
     assert table["message"][0] == "mm-replay finished: 1 winner"
-    assert len(table) == 6
+    assert len(table) == 10  # started, 4 results, re-ordered, dropped, a request and its answer, finished
     assert at.multiselect(key="log_kinds").proto.placeholder == "all kinds"
+    assert list(at.multiselect(key="log_kinds").options) == [
+        "campaign_finished", "campaign_started", "control", "control_request", "dropped", "reordered", "result"]
     at.multiselect(key="log_kinds").set_value(["campaign_started"]).run()
     table = frames(at)[0]
     assert list(table["message"]) == ["mm-live started on 1 GPU"]
@@ -276,8 +481,22 @@ def test_text_from_users_and_models_is_shown_as_text_never_markup(monkeypatch, d
     hostile = next(k for k in detail.options if "num_warps=8" in k)
     detail.select(hostile).run()
     assert fx.HOSTILE in texts(at)
-    markup = [m.value for m in (*at.markdown, *at.caption, *at.subheader, *at.title)]
-    assert not any("<b" in m or "javascript:" in m for m in markup)
+    assert no_markup(at)
+
+
+def no_markup(at: AppTest) -> bool:
+    """No element that renders markdown carries the hostile text's markup."""
+    markup = [m.value for m in (*at.markdown, *at.caption, *at.subheader, *at.title, *at.info, *at.error)]
+    return not any("<b" in m or "javascript:" in m for m in markup)
+
+
+@pytest.mark.parametrize("screen", ["overview", "gpus", "queue", "experiments", "log"])
+def test_no_page_renders_stored_text_as_markup(monkeypatch, db, screen):
+    at = page(monkeypatch, db, None if screen == "overview" else screen)
+    assert no_markup(at)
+    tables = [f.to_csv() for f in frames(at)]
+    if screen == "queue":  # the model's rationale and a re-scoring's reason, verbatim, in tables
+        assert sum(fx.HOSTILE in t for t in tables) >= 2
 
 
 # -- Launch --------------------------------------------------------------------------------------

@@ -223,7 +223,7 @@ def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Serv
     tab = browser.open(server.url + "/")
     shown = browser.wait_for(tab, "mm-live · running", "4/16", "best 0.4321 ms", "best 1.234 ms",
                              text.source("gpu", fx.DEVICE))
-    assert "Running\n\n1" in shown and "Queued\n\n2" in shown
+    assert "Running\n\n2" in shown and "Queued\n\n2" in shown
     assert fx.HOSTILE in shown  # the campaign description, verbatim
     assert browser.eval(tab, "document.getElementById('injected') === null") is True
     browser.eval(tab, "window.__tilepilot_same_page = true")
@@ -232,7 +232,7 @@ def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Serv
     key = live.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
     live.store.set_queue_state(live.queue_ids["p1-next"], "done", worker="gpu-0", experiment_key=key)
     shown = browser.wait_for(tab, "5/16", "best 0.3999 ms")
-    assert "Running\n\n0" in shown
+    assert "Running\n\n1" in shown
     live.store.set_campaign_state(live.campaign_id, "finished")
     browser.wait_for(tab, "mm-live · finished")
     assert browser.eval(tab, "window.__tilepilot_same_page === true") is True  # updated in place
@@ -253,7 +253,7 @@ def test_a_campaign_started_while_the_page_is_idle_appears(server: Server, brows
 def test_gpus_and_queue_pages_render_from_the_store(server: Server, browser: Chromium):
     tab = browser.open(server.url + "/gpus")
     browser.wait_for(tab, "GPU 0 · Synthetic GPU 80GB", "GPU 1 · Synthetic GPU 80GB", "612 W", "1755 MHz",
-                     "40.0 GiB", "throttle: sw_power_cap", "now: mm-live M=4096 N=4096 K=512 fp16")
+                     "40.0 GiB", "throttle: sw_power_cap", "now: mm-live | M=4096 N=4096 K=512 dtype=fp16")
     tab = browser.open(server.url + "/queue")
     queued = server.live.store.queued(server.live.campaign_id)
     browser.wait_for(tab, f"Next ({len(queued)} queued)", "Recently done")

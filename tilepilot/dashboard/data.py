@@ -9,24 +9,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
+from tilepilot.dashboard import digest as digest_of
+from tilepilot.dashboard import reads
+from tilepilot.dashboard.digest import CampaignDigest
+from tilepilot.dashboard.trial_log import TrialLog
 from tilepilot.experiments import InputError
 from tilepilot.storage import queries
-from tilepilot.storage.views import (
-    BestRow,
-    CampaignSummary,
-    ConvergencePoint,
-    EventRow,
-    GpuSampleRow,
-    HistoryRow,
-    QueueView,
-)
+from tilepilot.storage.views import EventRow, GpuSampleRow
 
-TTL_S = 2.0
+TTL_S = 2.0  # the live refresh's pace: every query is at most this old
+DIGEST_TTL_S = 20.0  # winners, ceilings and model spend show within this (new trials at once)
+EFFECTS_TTL_S = 15.0
 GPU_WINDOW_S = 300.0
 
 
@@ -60,31 +60,114 @@ def _db(path: str) -> queries.ReadOnlyDB:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def campaigns(path: str) -> list[CampaignSummary]:
-    return queries.campaigns(_db(path))
+def campaigns(path: str) -> list[reads.CampaignInfo]:
+    """Every campaign, newest first, with its queue counts (cheap: no trial is read)."""
+    return reads.campaigns(_db(path))
+
+
+def campaign(path: str, campaign_id: int) -> reads.CampaignInfo | None:
+    return next((c for c in campaigns(path) if c.id == campaign_id), None)
+
+
+def any_running(path: str) -> bool:
+    return any(c.state == "running" for c in campaigns(path))
+
+
+# ---- one campaign's trials and what the Overview computes from them ----------------------------------
+
+@st.cache_resource(show_spinner=False, max_entries=256)
+def trial_log(path: str, campaign_id: int) -> TrialLog:
+    """The campaign's trials, read incrementally (see `trial_log`); one per campaign, shared."""
+    return TrialLog(campaign_id)
+
+
+def trials(path: str, campaign_id: int) -> tuple[reads.TrialPoint, ...]:
+    return trial_log(path, campaign_id).read(_db(path))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def best(path: str, campaign_id: int | None = None) -> list[BestRow]:
-    return queries.best(_db(path), campaign=campaign_id)
+def ceilings(path: str) -> list[reads.Ceilings]:
+    return reads.ceilings(_db(path))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def convergence(path: str, campaign_id: int) -> list[ConvergencePoint]:
-    return queries.convergence(_db(path), campaign_id)
+def llm_spend(path: str) -> dict[int, reads.LlmSpend]:
+    return reads.llm_spend(_db(path))
+
+
+@st.cache_data(ttl=DIGEST_TTL_S, show_spinner=False, max_entries=256)
+def digest(path: str, campaign_id: int, updated_at: float) -> CampaignDigest | None:
+    """The campaign's figures (see `digest`). Keyed by the campaign's `updated_at`, which every new
+    trial and change of state moves: a new trial shows at the next refresh, winners, ceilings and
+    model calls within `DIGEST_TTL_S`. Its `campaign` is the row as of then: take the queue counts,
+    which change without `updated_at`, from `campaigns`."""
+    c = campaign(path, campaign_id)
+    if c is None:
+        return None
+    db = _db(path)
+    points = trials(path, campaign_id)
+    won = reads.winners(db, campaign_id)
+    briefs = reads.experiments(db, digest_of.keys_to_read(c, points, won))
+    return digest_of.digest(c, points, won, briefs, ceilings(path), llm_spend(path).get(campaign_id), time.time())
+
+
+@st.cache_data(ttl=DIGEST_TTL_S, show_spinner=False, max_entries=32)
+def chart_points(path: str, campaign_id: int, updated_at: float,
+                 ) -> tuple[dict[str, list[digest_of.ConvergencePoint]], list[digest_of.RooflinePoint]]:
+    """Convergence per problem and the results on the roofline, thinned for drawing."""
+    d = digest(path, campaign_id, updated_at)
+    points = trials(path, campaign_id)
+    if d is None:
+        return {}, []
+    return (digest_of.convergence(points),
+            digest_of.roofline_points(d.campaign.kernel, d.problems, points, d.ceilings))
+
+
+@st.cache_data(ttl=EFFECTS_TTL_S, show_spinner=False, max_entries=32)
+def parameter_effects(path: str, campaign_id: int) -> pd.DataFrame:
+    """Per parameter value, time over the problem's best (see `digest.parameter_effects`); the
+    distributions move slowly, so they are recomputed every `EFFECTS_TTL_S` at most."""
+    return digest_of.parameter_effects(trials(path, campaign_id))
+
+
+# ---- queue, experiments, events, GPUs -------------------------------------------------------------
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def running(path: str, campaign_id: int | None = None) -> list[reads.QueueEntry]:
+    return reads.running(_db(path), campaign_id)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def queue_view(path: str, campaign_id: int | None, next_limit: int = 20,
-               done_limit: int = 20) -> QueueView:
-    return queries.queue_view(_db(path), campaign_id, next_limit=next_limit, done_limit=done_limit)
+def queued(path: str, campaign_id: int | None = None, limit: int = 25) -> list[reads.QueueEntry]:
+    return reads.queued(_db(path), campaign_id, limit)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def history(path: str, campaign_id: int | None = None, status: tuple[str, ...] | None = None,
-            proposer: str | None = None, limit: int | None = 500) -> list[HistoryRow]:
-    return queries.history(_db(path), campaign=campaign_id, status=status, proposer=proposer,
-                           limit=limit)
+def recently_done(path: str, campaign_id: int | None = None, limit: int = 25) -> list[reads.QueueEntry]:
+    return reads.recently_done(_db(path), campaign_id, limit)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def queue_totals(path: str, campaign_id: int | None = None) -> dict[str, int]:
+    return reads.queue_totals(_db(path), campaign_id)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def queue_events(path: str, campaign_id: int | None = None, limit: int = 50) -> list[reads.QueueEvent]:
+    return reads.queue_events(_db(path), campaign_id, limit)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def trial_list(path: str, campaign_id: int | None = None, statuses: tuple[str, ...] = (),
+               proposer: str | None = None, limit: int = 500) -> list[reads.TrialListRow]:
+    return reads.trial_list(_db(path), campaign_id=campaign_id, statuses=statuses, proposer=proposer, limit=limit)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def experiment(path: str, key: str) -> tuple[reads.ExperimentDetail | None, list[reads.TrialOf],
+                                            list[reads.HypothesisLink]]:
+    db = _db(path)
+    return reads.experiment_detail(db, key), reads.trials_of(db, key), reads.tested_hypotheses(db, key)
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -98,14 +181,13 @@ def gpu_samples(path: str, window_s: float = GPU_WINDOW_S) -> dict[str, list[Gpu
     return queries.latest_gpu_samples(_db(path), window_s=window_s)
 
 
-# Choices for filters: the distinct values are read from recent rows, cached longer.
+# Choices for filters: cached longer.
 
 @st.cache_data(ttl=30, show_spinner=False)
 def proposers(path: str, campaign_id: int | None = None) -> list[str]:
-    rows = queries.history(_db(path), campaign=campaign_id, limit=5000)
-    return sorted({r.proposer for r in rows if r.proposer})
+    return reads.proposers(_db(path), campaign_id)
 
 
 @st.cache_data(ttl=30, show_spinner=False)
 def event_kinds(path: str) -> list[str]:
-    return sorted({e.kind for e in queries.events(_db(path), limit=5000)})
+    return reads.event_kinds(_db(path))

@@ -76,3 +76,36 @@ def md_escape(value: str) -> str:
     """Stored text made safe to place inside a markdown string (headers, labels)."""
     escaped = _MD_INLINE.sub(r"\\\1", value.replace("\r", " ").replace("\n", " "))
     return _MD_LEADING.sub(lambda m: f"{m[1]}\\{m[2]}", escaped)
+
+
+def duration(seconds: float | None) -> str:
+    """A span of time in the largest units that keep it short: '0.227 s', '45 s', '12 min', '3 h 05 min', '2 d 4 h'."""
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "—"
+    s = max(0.0, seconds)
+    if s < 10:
+        return f"{s:.3g} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{s / 60:.0f} min"
+    if s < 86400:
+        return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+    return f"{int(s // 86400)} d {int(s % 86400 // 3600)} h"
+
+
+def count(n: float | None) -> str:
+    """A count in short form: 950, 12.3k, 4.56M."""
+    if n is None:
+        return "—"
+    if abs(n) < 1000:
+        return f"{n:.0f}"
+    if abs(n) < 1_000_000:
+        return f"{n / 1000:.3g}k"
+    return f"{n / 1_000_000:.3g}M"
+
+
+def usd(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"${value:.2f}" if value >= 1 else f"${value:.4f}"

@@ -1,44 +1,76 @@
-"""GPUs: one card per GPU of every node, from the NVML samples the workers store."""
+"""GPUs: one card per GPU of every node, from the NVML samples the workers store, with what each runs now.
+
+What a GPU runs is read from the queue: the rows compiling or running with the GPU's worker
+name (the worker a sample names). Where the queue names no worker, the sample's own note of
+what it runs is shown instead; rows running on a worker no sample names are listed at the end.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import streamlit as st
 
-from tilepilot.dashboard import charts, data, live
+from tilepilot.dashboard import data, live
+from tilepilot.dashboard.reads import QueueEntry
 from tilepilot.dashboard.text import ago, md_escape, num, params
-from tilepilot.storage.rows import QueueRow
 from tilepilot.storage.views import GpuSampleRow
 
 NO_GPU = "No GPU visible"
 NO_GPU_WHY = (f"no NVML sample in the last {data.GPU_WINDOW_S / 60:.0f} minutes. GPU workers store "
               "one every few seconds while a campaign runs on the gpu backend; the interpret "
               "and replay backends use no GPU and store none.")
+PER_ROW = 2
+# label, unit, digits, how to read the value from a sample
+READINGS: tuple[tuple[str, str, int, Callable[[GpuSampleRow], float | None]], ...] = (
+    ("Utilisation", "%", 0, lambda s: s.util_pct),
+    ("Memory", "GiB", 1, lambda s: None if s.mem_used_mb is None else s.mem_used_mb / 1024),
+    ("SM clock", "MHz", 0, lambda s: s.sm_clock_mhz),
+    ("Power", "W", 0, lambda s: s.power_w),
+    ("Temperature", "°C", 0, lambda s: s.temp_c),
+)
 
 
-def _mem_label(s: GpuSampleRow) -> str:
-    return "Memory" if s.mem_total_mb is None else f"Memory (of {s.mem_total_mb / 1024:.0f} GiB)"
+def _label(label: str, last: GpuSampleRow) -> str:
+    if label == "Memory" and last.mem_total_mb is not None:
+        return f"Memory (of {last.mem_total_mb / 1024:.0f} GiB)"
+    return label
 
 
-def card(samples: list[GpuSampleRow], running: list[QueueRow]) -> None:
+def throttling(samples: list[GpuSampleRow]) -> str:
+    """'none', or the reasons now and how often the window saw any."""
+    hit = [s for s in samples if s.throttle]
+    last = samples[-1].throttle
+    if not hit:
+        return "throttle: none"
+    now = f"throttle: {last}" if last else "throttle: none now"
+    reasons = sorted({r.strip() for s in hit for r in s.throttle.split(",") if r.strip()})
+    return f"{now} (throttled in {len(hit)} of {len(samples)} samples: {', '.join(reasons)})"
+
+
+def doing(q: QueueEntry, campaigns: dict[int, str]) -> str:
+    since = f", {q.state} for {ago(q.started_at).removesuffix(' ago')}" if q.started_at else f", {q.state}"
+    return (f"now: {campaigns.get(q.campaign_id, str(q.campaign_id))} | {params(q.problem)} | {params(q.config)} "
+            f"({q.proposer}{since})")
+
+
+def card(samples: list[GpuSampleRow], running: list[QueueEntry], campaigns: dict[int, str]) -> None:
     last = samples[-1]
     with st.container(border=True):
         st.markdown(f"**GPU {last.gpu_index} · {md_escape(last.name)}** · node {md_escape(last.node)}")
-        st.caption(f"{md_escape(last.gpu_uuid)} · last sample {ago(last.ts)}")
-        cols = st.columns(5)
-        cols[0].metric("Utilisation", num(last.util_pct, "%"))
-        cols[1].metric(_mem_label(last), num(None if last.mem_used_mb is None else last.mem_used_mb / 1024,
-                                             "GiB", 1))
-        cols[2].metric("SM clock", num(last.sm_clock_mhz, "MHz"))
-        cols[3].metric("Power", num(last.power_w, "W"))
-        cols[4].metric("Temperature", num(last.temp_c, "°C"))
-        left, right = st.columns([3, 2])
-        with left:
-            st.text(f"throttle: {last.throttle or 'none'}")
-            st.text(f"worker: {last.worker or '—'}   now: {last.running or 'idle'}")
+        st.caption(f"{md_escape(last.gpu_uuid)} · last sample {ago(last.ts)} · {len(samples)} sample(s) drawn")
+        cols = st.columns(len(READINGS))
+        for col, (label, unit, digits, read) in zip(cols, READINGS, strict=True):
+            values = [v for v in (read(s) for s in samples) if v is not None]
+            col.metric(_label(label, last), num(read(last), unit, digits),
+                       chart_data=values if len(values) > 1 else None, chart_type="line")
+        st.text(throttling(samples))
+        st.text(f"worker: {last.worker or '—'}")
+        if running:
             for q in running:
-                st.text(f"queue: {params(q.problem)} | {params(q.config)} ({q.state}, {q.proposer})")
-        if len(samples) > 1:
-            right.line_chart(charts.gpu_frame(samples), height=160)
+                st.text(doing(q, campaigns))
+        else:
+            st.text(f"now: {last.running or 'idle'}")
 
 
 def body() -> None:
@@ -47,13 +79,32 @@ def body() -> None:
     if not gpus:
         st.info(f"{NO_GPU}: {NO_GPU_WHY}")
         return
-    by_worker: dict[str, list[QueueRow]] = {}
-    for q in data.queue_view(path, None).running:
+    by_worker: dict[str, list[QueueEntry]] = {}
+    for q in data.running(path):
         by_worker.setdefault(q.worker, []).append(q)
-    st.caption(f"{len(gpus)} GPU(s) · NVML readings of the last {data.GPU_WINDOW_S / 60:.0f} minutes")
+    campaigns = {c.id: c.name for c in data.campaigns(path)}
+    nodes: dict[str, list[list[GpuSampleRow]]] = {}
     for samples in gpus.values():
-        worker = samples[-1].worker
-        card(samples, by_worker.get(worker, []) if worker else [])
+        nodes.setdefault(samples[-1].node, []).append(samples)
+    st.caption(f"{len(gpus)} GPU(s) on {len(nodes)} node(s) · NVML readings of the last "
+               f"{data.GPU_WINDOW_S / 60:.0f} minutes, drawn under each reading")
+    seen: set[str] = set()
+    for node, cards in sorted(nodes.items()):
+        st.subheader(f"Node {md_escape(node)} · {len(cards)} GPU(s)")
+        cards.sort(key=lambda s: (s[-1].gpu_index, s[-1].gpu_uuid))
+        for i in range(0, len(cards), PER_ROW):
+            cols = st.columns(PER_ROW)
+            for col, samples in zip(cols, cards[i:i + PER_ROW], strict=False):
+                worker = samples[-1].worker
+                seen.add(worker)
+                with col:
+                    card(samples, by_worker.get(worker, []) if worker else [], campaigns)
+    elsewhere = [q for w, rows in by_worker.items() if w not in seen for q in rows]
+    if elsewhere:
+        st.subheader(f"Running on no GPU shown above ({len(elsewhere)})")
+        st.caption("queue rows compiling or running whose worker (if any) stored no NVML sample in the window")
+        for q in elsewhere:
+            st.text(f"worker {q.worker or '(not recorded)'}: " + doing(q, campaigns).removeprefix("now: "))
 
 
 def main() -> None:

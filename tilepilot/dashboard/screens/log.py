@@ -8,13 +8,14 @@ import pandas as pd
 import streamlit as st
 
 from tilepilot.dashboard import data, live
+from tilepilot.dashboard.reads import CampaignInfo
 from tilepilot.dashboard.text import clock, source
-from tilepilot.storage.views import CampaignSummary, EventRow
+from tilepilot.storage.views import EventRow
 
 LIMITS = (200, 1000, 5000)
 
 
-def table(rows: list[EventRow], campaigns: dict[int, CampaignSummary]) -> pd.DataFrame:
+def table(rows: list[EventRow], campaigns: dict[int, CampaignInfo]) -> pd.DataFrame:
     out = []
     for e in rows:
         c = None if e.campaign_id is None else campaigns.get(e.campaign_id)

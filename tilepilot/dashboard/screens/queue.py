@@ -1,80 +1,103 @@
-"""Queue: what runs now, what runs next (in order, with the reason for each position), what just finished."""
+"""Queue: what runs now, what runs next (in order, with why each entry holds its place and its last
+move), what just finished, and the history of re-orderings, drops and a person's controls."""
 
 from __future__ import annotations
 
 import pandas as pd
 import streamlit as st
 
-from tilepilot.dashboard import data, live
+from tilepilot.dashboard import data, live, queue_history
+from tilepilot.dashboard.reads import CampaignInfo, QueueEntry
 from tilepilot.dashboard.text import ago, clock, params, source
-from tilepilot.storage.rows import QueueRow
-from tilepilot.storage.views import CampaignSummary, QueueDone
 
 NEXT_SHOWN = 25
 DONE_SHOWN = 25
+CHANGES_READ = 50  # events
 MS = st.column_config.NumberColumn(format="%.4g")
+COLUMNS = {
+    "predicted (ms)": MS, "median (ms)": MS, "priority": st.column_config.NumberColumn(format="%.4g"),
+    "reason": st.column_config.TextColumn(help="why the entry holds this place, as the last scoring said"),
+    "last move": st.column_config.TextColumn(help="the entry's latest re-ordering, drop or a person's control"),
+    "predicted / measured": st.column_config.NumberColumn(
+        format="%.2f", help="the proposer's predicted time over the measured median (1: a perfect prediction)"),
+}
 
 
-def _what(q: QueueRow) -> dict[str, object]:
-    return {"problem": params(q.problem), "config": params(q.config), "proposer": q.proposer}
+def _what(q: QueueEntry) -> dict[str, object]:
+    return {"problem": params(q.problem), "config": params(q.config), "proposer": q.proposer,
+            "predicted (ms)": q.predicted_ms, "hypothesis": q.hypothesis_id or "", "rationale": q.rationale}
 
 
-def _where(q: QueueRow, names: dict[int, CampaignSummary]) -> dict[str, object]:
+def _where(q: QueueEntry, names: dict[int, CampaignInfo]) -> dict[str, object]:
     c = names.get(q.campaign_id)
-    return {"campaign": c.name if c else str(q.campaign_id),
-            "source": source(c.backend, c.device) if c else ""}
+    return {"campaign": c.name if c else str(q.campaign_id), "source": source(c.backend, c.device) if c else ""}
 
 
-def running_table(rows: tuple[QueueRow, ...], names: dict[int, CampaignSummary]) -> pd.DataFrame:
+def running_table(rows: list[QueueEntry], names: dict[int, CampaignInfo]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "worker": q.worker, "state": q.state, "started": ago(q.started_at), **_what(q),
-        "predicted (ms)": q.predicted_ms, "rationale": q.rationale, **_where(q, names),
+        "worker": q.worker, "state": q.state, "started": ago(q.started_at), **_what(q), **_where(q, names),
     } for q in rows])
 
 
-def next_table(rows: tuple[QueueRow, ...], names: dict[int, CampaignSummary]) -> pd.DataFrame:
+def next_table(rows: list[QueueEntry], names: dict[int, CampaignInfo],
+               moves: dict[int, queue_history.Change]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "#": i, "priority": q.priority, "reason": q.reason, **_what(q),
-        "predicted (ms)": q.predicted_ms, "rationale": q.rationale, "hypothesis": q.hypothesis_id or "",
-        **_where(q, names),
+        "#": i, "entry": q.id, "pinned": q.pinned, "priority": q.priority, "reason": q.reason,
+        "last move": queue_history.describe(moves[q.id]) if q.id in moves else "", **_what(q), **_where(q, names),
     } for i, q in enumerate(rows, start=1)])
 
 
-def done_table(rows: tuple[QueueDone, ...], names: dict[int, CampaignSummary]) -> pd.DataFrame:
-    out = []
-    for d in rows:
-        out.append({
-            "finished": clock(d.row.finished_at), "result": d.status.value if d.status else d.row.state,
-            "median (ms)": d.median_ms, "predicted (ms)": d.row.predicted_ms, **_what(d.row),
-            "rationale": d.row.rationale, "worker": d.row.worker, **_where(d.row, names),
-        })
-    return pd.DataFrame(out)
+def done_table(rows: list[QueueEntry], names: dict[int, CampaignInfo]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "finished": clock(q.finished_at), "result": q.status or q.state, "median (ms)": q.median_ms,
+        "predicted / measured": q.predicted_ms / q.median_ms if q.predicted_ms and q.median_ms else None,
+        **_what(q), "reason": q.reason if q.state == "dropped" else "", "worker": q.worker, **_where(q, names),
+    } for q in rows])
+
+
+def changes_table(rows: list[queue_history.Change], names: dict[int, CampaignInfo]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "time": clock(c.ts), "campaign": names[c.campaign_id].name if c.campaign_id in names else "",
+        "change": c.what, "entry": c.queue_id,
+        "places": f"{c.before}→{c.after}" if c.before is not None and c.after is not None else "",
+        "because": c.because, "config": params(c.config),
+    } for c in rows])
 
 
 def body(campaign_id: int | None) -> None:
     path = live.db()
     names = {c.id: c for c in data.campaigns(path)}
-    view = data.queue_view(path, campaign_id, next_limit=NEXT_SHOWN, done_limit=DONE_SHOWN)
-    config = {"predicted (ms)": MS, "median (ms)": MS,
-              "priority": st.column_config.NumberColumn(format="%.4g")}
-    st.subheader(f"Running ({len(view.running)})")
-    if view.running:
-        st.dataframe(running_table(view.running, names), hide_index=True, width="stretch",
-                     column_config=config)
+    totals = data.queue_totals(path, campaign_id)
+    running = data.running(path, campaign_id)
+    nxt = data.queued(path, campaign_id, NEXT_SHOWN)
+    done = data.recently_done(path, campaign_id, DONE_SHOWN)
+    changes = queue_history.changes(data.queue_events(path, campaign_id, CHANGES_READ))
+    st.subheader(f"Running ({len(running)})")
+    if running:
+        st.dataframe(running_table(running, names), hide_index=True, width="stretch", column_config=COLUMNS)
     else:
         st.caption("Nothing is running.")
-    st.subheader(f"Next ({view.queued_total} queued)")
-    if view.next:
-        if view.queued_total > len(view.next):
-            st.caption(f"the first {len(view.next)} of {view.queued_total}, in the order they will run")
-        st.dataframe(next_table(view.next, names), hide_index=True, width="stretch", column_config=config)
+    queued_total = totals.get("queued", 0)
+    st.subheader(f"Next ({queued_total} queued)")
+    if nxt:
+        if queued_total > len(nxt):
+            st.caption(f"the first {len(nxt)} of {queued_total}, in the order they will run (pinned first)")
+        st.dataframe(next_table(nxt, names, queue_history.last_change(changes)), hide_index=True, width="stretch",
+                     column_config=COLUMNS)
     else:
         st.caption("The queue is empty.")
-    st.subheader(f"Recently done ({view.done_total} in all)")
-    if view.done:
-        st.dataframe(done_table(view.done, names), hide_index=True, width="stretch", column_config=config)
+    st.subheader(f"Recently done ({totals.get('done', 0) + totals.get('dropped', 0)} in all)")
+    if done:
+        st.dataframe(done_table(done, names), hide_index=True, width="stretch", column_config=COLUMNS)
     else:
         st.caption("Nothing has finished yet.")
+    st.subheader("Why the queue changed")
+    if changes:
+        st.caption(f"re-orderings, drops and a person's controls from the newest {CHANGES_READ} such events, "
+                   "newest first; places count among the problem's queued entries, 1 first")
+        st.dataframe(changes_table(changes, names), hide_index=True, width="stretch")
+    else:
+        st.caption("No re-ordering yet: the queue runs in the order the proposers gave.")
 
 
 def main() -> None:
