@@ -111,7 +111,10 @@ def _compile(job: tuple[str, dict[str, Any], dict[str, Any], Any]) -> str:
     from tilepilot.kernels.evaluate import compile_config
 
     name, problem, config, target = job
-    return compile_config(name, Problem.of(problem), Config.of(config), target).status.value
+    try:
+        return compile_config(name, Problem.of(problem), Config.of(config), target).status.value
+    except Exception as e:  # the evaluator meets it again and reports it; the cache fill goes on
+        return f"{name}: {type(e).__name__}"
 
 
 def compile_ahead(jobs: list[tuple[str, Problem, Config]], target: Any, workers: int) -> dict[str, int]:
@@ -239,7 +242,12 @@ def main() -> int:
             report["not_run"].append({"kernel": name, "problem": problem.as_dict(), "why": "deadline"})
             continue
         configs, size = grids[(name, problem)]
-        row = quality(name, problem, configs, size, ev, ceilings, args.seed)
+        try:
+            row = quality(name, problem, configs, size, ev, ceilings, args.seed)
+        except Exception as e:  # one family's failure is recorded; the others still run
+            log.exception("%s %s failed", name, problem.label())
+            report["not_run"].append({"kernel": name, "problem": problem.as_dict(), "why": f"{type(e).__name__}: {e}"})
+            continue
         report["problems"].append(row)
         log.info("%s %s: tau %.3f, top-1 same %s, default %.1f ms/config (ref %.1f), %s", name, problem.label(),
                  row["kendall_tau_b"], row["top1_same"], row["gpu_ms_per_config_default"]["mean"],

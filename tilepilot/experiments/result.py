@@ -30,9 +30,11 @@ class Environment:
 class Timing:
     """Timings of one config, in milliseconds, and how they were taken.
 
-    A sample is one launch's time (cuda-events, cpu-wallclock) or the mean launch time of one
-    graph replay (cuda-graph); `reps` counts the samples. `l2_flushed`: every timed launch read
-    its data cold (L2 flushed before it, or inputs rotated over enough copies to exceed the L2).
+    A sample is the mean launch time of a run of back-to-back launches between two CUDA events
+    (cuda-events; a single launch where L2 is flushed before each), of one CUDA-graph replay
+    (cuda-graph), or one launch's wall-clock time (cpu-wallclock); `reps` counts the samples.
+    `l2_flushed`: every timed launch read its data cold (L2 flushed before it, or inputs rotated
+    over enough copies to exceed the L2).
     The adaptive fields say how the repetitions ended: rounds were added until `rel_spread` was
     at most `spread_target` ("spread") or `timed_ms`, the GPU time spent timing this config,
     reached `time_cap_ms` ("cap"); None and "" where the repetitions were fixed.
