@@ -10,9 +10,9 @@ Two sources:
 - Triton's autotune cache (`@triton.autotune(..., cache_results=True)` or TRITON_CACHE_AUTOTUNING=1):
   `<cache dir>/<hash>/<function>.autotune.json` holding `{"key": [values of the autotune key
   arguments..., "torch.<dtype>" per tensor argument], "configs_timings": [[Config.__dict__,
-  [median, p20, p80] ms from do_bench], ...]}` (Triton 3.2 to 3.9; a failed config is timed
-  `Infinity`). The file names neither the GPU nor the key's argument names: `--device` and
-  `--key` say them.
+  [median, p20, p80] ms from do_bench], ...]}` (Triton 3.2 on; a failed config is timed
+  `Infinity`; later versions write each key value as text, "512", which is read as 512). The file
+  names neither the GPU nor the key's argument names: `--device` and `--key` say them.
 
 How an import is stored (nothing here was measured by tilepilot):
 - one `experiments` row per (problem, config) with backend "imported", `origin` =
@@ -179,7 +179,8 @@ def _triton_file(path: Path, kernel: str, key_names: list[str], env: Environment
             doc.get("configs_timings"), list):
         raise InputError(f"{path}: not a Triton autotune result "
                          '(expected {"key": [...], "configs_timings": [...]})')
-    key = doc["key"]
+    raw_key = doc["key"]
+    key = [_key_value(v) for v in raw_key]  # Triton 3.2 to 3.6 write the values, later ones str() of each
     if len(key) < len(key_names):
         raise InputError(f"{path}: its tuning key {key!r:.80} has {len(key)} value(s), fewer than --key names "
                          f"({', '.join(key_names)})")
@@ -197,7 +198,7 @@ def _triton_file(path: Path, kernel: str, key_names: list[str], env: Environment
     out = []
     for config, timings in parsed:
         picked = timings is not None and timings[0] == fastest
-        data = {"file": path.name, "function": _function(path), "tuning_key": key, "timings_ms": timings,
+        data = {"file": path.name, "function": _function(path), "tuning_key": raw_key, "timings_ms": timings,
                 "picked": picked, "in_space": _in_space(kernel, config)}
         out.append(ImportEntry(kernel, problem, config, env, origin, data))
     return out
@@ -235,6 +236,15 @@ def _triton_config(kernel: str, raw: dict[str, Any], where: str) -> Config:
     if raw.get("maxnreg") is not None:
         data["maxnreg"] = raw["maxnreg"]
     return _config(kernel, data, where)
+
+
+def _key_value(v: Any) -> Any:
+    """A tuning-key value as the problem holds it: "512" -> 512 (a key written as text)."""
+    if isinstance(v, str) and re.fullmatch(r"-?\d+", v):
+        return int(v)
+    if isinstance(v, str) and re.fullmatch(r"-?\d+\.\d*(e-?\d+)?", v):
+        return float(v)
+    return v
 
 
 def _function(path: Path) -> str:
