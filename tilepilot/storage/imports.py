@@ -17,8 +17,9 @@ Two sources:
 How an import is stored (nothing here was measured by tilepilot):
 - one `experiments` row per (problem, config) with backend "imported", `origin` =
   "vllm:<file>" or "triton-cache:<file>" (absolute paths) and `origin_data` = what the source
-  said (vLLM: the key M and triton_version; Triton: the tuning key, its timings in ms or null for
-  a failed config, and whether it was the cache's pick), `kernel_version` "imported:<source>";
+  said (vLLM: the file and its key M, the file's triton_version going to the `triton` column;
+  Triton: the tuning key, its timings in ms or null for a failed config, and whether it was the
+  cache's pick), `kernel_version` "imported:<source>";
 - no `results` row: there is no tilepilot measurement, so no status, no time. The driver never
   reuses an imported experiment as a measurement (its key has backend "imported");
 - one `imported` event per file (source, counts) for provenance.
