@@ -54,7 +54,7 @@ def campaign_text(name: str, budget: int, seed: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_campaign(work: Path, run: int, budget: int, seed: int) -> dict[str, Any]:
+def run_campaign(work: Path, run: int, budget: int, seed: int, timeout_s: float) -> dict[str, Any]:
     db = work / f"run{run}.db"
     for suffix in ("", "-wal", "-shm"):
         Path(f"{db}{suffix}").unlink(missing_ok=True)
@@ -62,7 +62,7 @@ def run_campaign(work: Path, run: int, budget: int, seed: int) -> dict[str, Any]
     toml.write_text(campaign_text("stability", budget, seed))
     cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "gpu", "--db", str(db)]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, timeout=timeout_s)
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"run {run}: tune exited with {proc.returncode}: {proc.stderr[-2000:]}")
@@ -124,6 +124,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--budget", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--run-timeout-s", type=float, default=200.0, help="each campaign's limit")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     work = Path(args.work)
@@ -131,7 +132,7 @@ def main() -> int:
     t0 = time.monotonic()
     runs = []
     for run in range(1, args.runs + 1):
-        runs.append(run_campaign(work, run, args.budget, args.seed))
+        runs.append(run_campaign(work, run, args.budget, args.seed, args.run_timeout_s))
         log.info("run %d: %.0f s, stops %s", run, runs[-1]["wall_s"], runs[-1]["stop_reasons"])
     problems = [judge(Problem.of(p), runs) for p in PROBLEMS]
     report = {
