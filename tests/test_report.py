@@ -264,6 +264,11 @@ def test_failures_hypotheses_and_cost_match_the_store(rendered):
         assert (row["statement"], row["verdict"], row["pairs"]) == (h["text"], h["state"], str(h["pairs"]))
         assert (row["supporting"], row["refuting"]) == (str(h["sup"]), str(h["ref"]))
         assert row["effect"] == ("-" if h["effect"] is None else num(h["effect"]))
+    pairs = section(doc, "hypotheses")["tables"][1][1:]
+    evidence = sql(db, "SELECT hypothesis_id, relation, ratio, experiment_a, experiment_b FROM evidence")
+    shown = {(p[0], p[1], p[2], p[8]) for p in pairs}
+    assert shown == {(e["hypothesis_id"], e["relation"], num(e["ratio"]),
+                      f"{e['experiment_a'][:10]}, {e['experiment_b'][:10]}") for e in evidence}  # < 8 per hypothesis
     cost = section(doc, "cost")
     devices = rows_by_first(cost["tables"][0])
     gpu = sum(r["reps"] * r["median_ms"] / 1e3 for r in sql(

@@ -25,7 +25,14 @@ from typing import Any
 
 from tilepilot.experiments import Problem, Status
 from tilepilot.storage import cost as cost_mod
-from tilepilot.storage.ledger import HypothesisRow, LearningRow, VerdictRow, select_verdicts
+from tilepilot.storage.ledger import (
+    EvidenceRow,
+    HypothesisRow,
+    LearningRow,
+    VerdictRow,
+    select_evidence,
+    select_verdicts,
+)
 from tilepilot.storage.ledger import hypotheses as ledger_hypotheses
 from tilepilot.storage.ledger import learnings as ledger_learnings
 from tilepilot.storage.queries import ReadOnlyDB, best, campaign_id_of, campaigns, convergence
@@ -82,6 +89,10 @@ class HypothesisEntry:
     verdicts: tuple[VerdictRow, ...]
     supports: int
     refutes: int
+    evidence: tuple[EvidenceRow, ...]  # its pairs, at most EVIDENCE_SHOWN (the ledger's order)
+
+
+EVIDENCE_SHOWN = 8  # pairs listed per hypothesis (all of them are counted)
 
 
 @dataclass(frozen=True)
@@ -215,7 +226,8 @@ def _hypotheses(db: ReadOnlyDB, cid: int) -> list[HypothesisEntry]:
         "SELECT v.hypothesis_id, v.relation, COUNT(*) AS n FROM evidence v JOIN hypotheses h ON h.id = v.hypothesis_id "
         "WHERE h.campaign_id = ? GROUP BY 1, 2", [cid])}
     return [HypothesisEntry(h, tuple(select_verdicts(db.rows, h.id)), counts.get((h.id, "supports"), 0),
-                            counts.get((h.id, "refutes"), 0)) for h in ledger_hypotheses(db, campaign=cid)]
+                            counts.get((h.id, "refutes"), 0), tuple(select_evidence(db.rows, h.id)[:EVIDENCE_SHOWN]))
+            for h in ledger_hypotheses(db, campaign=cid)]
 
 
 def _learnings(db: ReadOnlyDB, cid: int) -> list[LearningRow]:

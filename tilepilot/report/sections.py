@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilepilot.report.data import Report, problem_label
+from tilepilot.report.data import EVIDENCE_SHOWN, Report, problem_label
 from tilepilot.report.svg import PALETTE, Series, bar_chart, num, xy_chart
 
 
@@ -199,11 +199,23 @@ def _hypotheses(r: Report) -> Section:
             items.append(f"{d['id']}: {v.state} at {when(v.decided_at)} after {v.pairs} pair(s) - {v.reason}")
     table = Table(("id", "statement", "verdict", "pairs", "wins/losses", "effect", "95% CI", "supporting",
                    "refuting", "why"), tuple(rows))
+    pairs = Table(("hypothesis", "relation", "time b / a", "problem", "a", "b", "a ms", "b ms", "experiments a, b"),
+                  tuple((h.row.id, e.relation, num(e.ratio), problem_label(e.problem), _differs(e.config_a, e.config_b),
+                         _differs(e.config_b, e.config_a), opt(e.median_a_ms), opt(e.median_b_ms),
+                         f"{e.experiment_a[:10]}, {e.experiment_b[:10]}") for h in r.hypotheses for e in h.evidence),
+                  f"evidence: the pairs behind each verdict (at most {EVIDENCE_SHOWN} per hypothesis; "
+                  "tilepilot show KEY tells all about one experiment)")
     text = ("Each hypothesis compares configs that differ only in one parameter (pairs); the effect is the "
             "geometric mean of time(b) / time(a); the supporting and refuting pairs are its stored evidence.")
-    return Section("Hypotheses, verdicts and evidence", "hypotheses",
-                   (text,) if rows else ("The campaign stated no hypothesis.",), (table,) if rows else (), (),
-                   tuple(items))
+    if not rows:
+        return Section("Hypotheses, verdicts and evidence", "hypotheses", ("The campaign stated no hypothesis.",))
+    return Section("Hypotheses, verdicts and evidence", "hypotheses", (text,),
+                   (table, pairs) if pairs.rows else (table,), (), tuple(items))
+
+
+def _differs(config: dict[str, Any], other: dict[str, Any]) -> str:
+    """The parameters in which `config` differs from `other`, as name=value."""
+    return " ".join(f"{k}={v}" for k, v in config.items() if other.get(k) != v) or "same"
 
 
 def _learnings(r: Report) -> Section:
