@@ -11,6 +11,7 @@ sees a recorded timing only through an evaluation that counts against its budget
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import math
@@ -114,12 +115,14 @@ class ReplayDataset:
             extra={"dataset": self.path.name},
         )
 
+GZIP_MAGIC = b"\x1f\x8b"
+
 
 def default_dataset(kernel: str) -> Path:
-    """The shipped dataset for a kernel family, e.g. data/replay/matmul-h100.jsonl."""
-    candidates = sorted(DATA_DIR.glob(f"{kernel}-*.jsonl"))
+    """The shipped dataset for a kernel family, e.g. data/replay/matmul-h100.jsonl (or .jsonl.gz)."""
+    candidates = sorted([*DATA_DIR.glob(f"{kernel}-*.jsonl"), *DATA_DIR.glob(f"{kernel}-*.jsonl.gz")])
     if not candidates:
-        shipped = ", ".join(sorted(p.name for p in DATA_DIR.glob("*.jsonl"))) or "none"
+        shipped = ", ".join(sorted(p.name for p in DATA_DIR.glob("*.jsonl*"))) or "none"
         raise InputError(f"no recorded dataset for kernel {kernel!r} (shipped: {shipped}); pass --dataset FILE")
     return candidates[0]
 
@@ -132,6 +135,11 @@ def load_dataset(path: str | Path, family: KernelFamily) -> ReplayDataset:
         raise DatasetError(f"dataset {str(p)!r} does not exist") from None
     except OSError as e:
         raise DatasetError(f"dataset {str(p)!r} cannot be read: {e}") from None
+    if raw[:2] == GZIP_MAGIC:  # JSON Lines compressed with gzip (data/replay/*.jsonl.gz)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise DatasetError(f"dataset {str(p)!r} is not valid gzip: {e}") from None
     records: list[Record] = []
     baselines: dict[Problem, tuple[str, Timing]] = {}
     space = family.space()

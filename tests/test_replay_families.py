@@ -1,0 +1,74 @@
+"""The recorded H100 grids of the kernel families beyond matmul (data/replay/*-h100.jsonl.gz):
+each is a full grid of its family's space over the issue's shapes, with the family's baseline, and
+a replay campaign on it runs end to end and declares winners that are the recorded times."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from tilepilot.experiments import DatasetError, Status
+from tilepilot.kernels import get_family
+from tilepilot.orchestrator.replay import DATA_DIR, default_dataset, load_dataset
+from tilepilot.orchestrator.tune import TuneOptions, tune
+from tilepilot.storage.queries import best, open_db
+
+RECORDED = sorted(p.name.split("-h100")[0] for p in DATA_DIR.glob("*-h100.jsonl.gz"))
+
+
+def test_the_issue_families_are_recorded() -> None:
+    assert {"softmax", "rmsnorm", "layernorm", "silu_mul_fp8_quant"} <= set(RECORDED)
+
+
+@pytest.mark.parametrize("kernel", RECORDED)
+def test_each_recording_is_a_full_grid_of_at_least_four_problems_with_a_baseline(kernel: str) -> None:
+    family = get_family(kernel)
+    ds = load_dataset(default_dataset(kernel), family)
+    assert len(ds.problems) >= 4
+    space = list(family.space())
+    for p in ds.problems:
+        records = ds.records(p)
+        assert set(records) == set(space), p.label()
+        ok = [r for r in records.values() if r.median_ms is not None]
+        assert len(ok) >= 10 and all(r.median_ms > 0 for r in ok)
+        # every config the space rejects for this shape was recorded as invalid, never timed
+        for c, r in records.items():
+            assert (family.space().check(c, p) is None) == (r.status is not Status.INVALID), (p.label(), c.label())
+        name, timing = ds.baseline(p) or ("", None)
+        assert name == family.baseline_name and timing is not None and timing.median_ms > 0
+        assert {r.env.device for r in ok} == {"NVIDIA H100 80GB HBM3"}
+
+
+@pytest.mark.parametrize("kernel", RECORDED)
+def test_a_replay_campaign_on_each_recording_declares_the_recorded_winners(tmp_path: Path, kernel: str) -> None:
+    family = get_family(kernel)
+    ds = load_dataset(default_dataset(kernel), family)
+    campaign = tmp_path / "c.toml"
+    campaign.write_text(f'[campaign]\nname = "r"\nkernel = "{kernel}"\nproposer = "random"\nbudget = 12\nseed = 3\n')
+    tune(TuneOptions(campaign=campaign, backend="replay", dataset=default_dataset(kernel), db=tmp_path / "t.db"))
+    with open_db(tmp_path / "t.db") as db:
+        winners = best(db, campaign="r")
+    assert len(winners) == len(ds.problems)
+    for w in winners:
+        problem = next(p for p in ds.problems if p.key() == w.problem_key)
+        record = ds.records(problem)[family.space().parse(w.config)]
+        assert w.median_ms == record.median_ms and w.median_ms >= ds.optimum_ms(problem)
+        assert w.baseline_ms == ds.baseline(problem)[1].median_ms
+
+
+def test_a_gzip_dataset_and_its_plain_text_load_the_same(tmp_path: Path) -> None:
+    path = default_dataset("softmax")
+    plain = tmp_path / "softmax.jsonl"
+    plain.write_bytes(gzip.decompress(path.read_bytes()))
+    a, b = load_dataset(path, get_family("softmax")), load_dataset(plain, get_family("softmax"))
+    assert a.identity == b.identity and a.problems == b.problems
+
+
+def test_a_truncated_gzip_dataset_is_a_dataset_error(tmp_path: Path) -> None:
+    bad = tmp_path / "cut.jsonl.gz"
+    bad.write_bytes(gzip.compress(json.dumps({"kernel": "softmax"}).encode() * 50)[:40])
+    with pytest.raises(DatasetError, match="not valid gzip"):
+        load_dataset(bad, get_family("softmax"))
