@@ -71,11 +71,13 @@ def shapes(kernel: str) -> list[Problem]:
 
 def tuned_configs(kernel: str) -> dict[str, Config]:
     """Problem key -> the fastest config of the recorded grid."""
+    from tilepilot.experiments import InputError
     from tilepilot.kernels import get_family
-    from tilepilot.orchestrator.replay import load_dataset
+    from tilepilot.orchestrator.replay import default_dataset, load_dataset
 
-    path = ROOT / "data" / "replay" / f"{kernel}-h100.jsonl"
-    if not path.exists():
+    try:
+        path = default_dataset(kernel)
+    except InputError:
         return {}
     ds = load_dataset(path, get_family(kernel))
     out = {}
