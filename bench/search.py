@@ -2,6 +2,8 @@
 
     python bench/search.py --dataset data/replay/matmul-h100.jsonl --out bench/results/search-h100.json \\
         [--protocol lopo|dev-split] [--proposers random,grid,optuna,rules,portfolio] [--seeds 10] [--jobs 2]
+    python bench/search.py --arm warm --out bench/results/warm-start-h100.json \\
+        [--proposers rules,portfolio,optuna,random] [--seeds 5]
 
 Method. Every (proposer, problem, seed) is a fresh campaign of one problem on the replay
 backend, driven in process by `drive` below: the driver's loop without the store and queue
@@ -32,6 +34,17 @@ fit on DEV_PROBLEMS, scored on the others ("held_out"; "all" adds the developmen
 The portfolio's `rules` member gets the same constants. The rest of the rules proposer (the
 model's form, the GP settings, the measured ceilings of agents/roofline.py) is fixed; the
 fixed-list baseline is chosen leave one problem out in both protocols.
+
+Warm start (`--arm warm`). For each problem, two campaigns of the whole grid per proposer and
+seed: cold, and warm, where the configs `orchestrator/warm_start.py` picks go first (in the
+first batch, the proposer filling the rest of it with them pending, as the driver queues them):
+the winners of the nearest other problems in log-shape space, each taken as the recorded
+optimum of that problem, as if the store held a campaign that found it; never the problem's own
+data (leave one problem out; no learnings, the store of this benchmark holds none). They count
+against the budget like any trial. Measure: distinct configs until one is within 2% of the
+optimum (`to_2pct`), the median over seeds per problem, then the median, mean and worst over
+problems; target: warm at most half of cold. A run stops once it reaches the target (the count
+depends only on what came before); the proposers are built with the whole grid as budget.
 """
 
 from __future__ import annotations
@@ -61,9 +74,11 @@ from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
 from tilepilot.agents.registry import get_proposer
 from tilepilot.agents.rules import RulesProposer
 from tilepilot.agents.tile_model import Constants
-from tilepilot.experiments import Config, Problem, Result, Status
+from tilepilot.experiments import Candidate, Config, Problem, Result, Status
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
+from tilepilot.orchestrator.warm_start import warm_candidates
+from tilepilot.storage.store import WinnerSource
 
 log = logging.getLogger("search")
 KERNEL = "matmul"
@@ -107,17 +122,28 @@ def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) 
 
 
 def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, budget: int,
-          constants: Constants | None = None) -> Trace:
-    """One campaign of one problem, in process (the driver's propose/observe cycle, see the docstring)."""
+          constants: Constants | None = None, *, first: Sequence[Config] = (),
+          stop_ms: float | None = None) -> Trace:
+    """One campaign of one problem, in process (the driver's propose/observe cycle, see the docstring).
+
+    `first`: configs measured first (warm start), the proposer filling the first batch;
+    `stop_ms`: stop once a config is at least this fast.
+    """
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
     p = make_proposer(proposer, ProposerContext(KERNEL, problem, space, seed, budget), constants)
     state = SearchState()
     configs: list[Config] = []
     times: list[float | None] = []
+    head = [Candidate(problem, c, "warm-start", "") for c in first[:budget]]
     try:
         while len(configs) < budget:
-            batch = p.propose(state, min(BATCH, budget - len(configs)))
+            if stop_ms is not None and any(t is not None and t <= stop_ms for t in times):
+                break
+            room = min(BATCH, budget - len(configs))
+            now, head = head[:room], head[room:]
+            ahead = SearchState(state.results, state.pending | {c.config for c in now + head})
+            batch = now + p.propose(ahead, room - len(now)) if len(now) < room else now
             if not batch:
                 break
             for cand in batch:
@@ -388,16 +414,137 @@ def fixed_list_summary(dataset: ReplayDataset, budgets: Sequence[int], held_out:
     return {"seeds": 1, "to_2pct": {}, "regret": regret, "lists": lists}
 
 
+# ---- warm start ----------------------------------------------------------------------------------
+WARM_PROPOSERS = ("rules", "portfolio", "optuna", "random")
+ARMS = ("cold", "warm")
+
+
+def recorded_winner(dataset: ReplayDataset, problem: Problem) -> WinnerSource:
+    """The recorded optimum of a problem, as the winner a campaign that found it would have left."""
+    records = dataset.records(problem)
+    config = min((c for c, r in records.items() if r.median_ms is not None),
+                 key=lambda c: (records[c].median_ms, c.key()))
+    env = records[config].env
+    return WinnerSource(problem, config, records[config].median_ms or math.inf, "recorded-grid", env.torch,
+                        env.triton, 0.0)
+
+
+def warm_configs(dataset: ReplayDataset, problem: Problem, budget: int) -> list[Candidate]:
+    """What warm start queues first for `problem`, from the OTHER problems' winners only."""
+    sources = [recorded_winner(dataset, q) for q in dataset.problems if q != problem]
+    env = next(iter(dataset.records(problem).values())).env
+    return warm_candidates(problem, dataset.space(get_family(KERNEL), problem), sources, budget=budget,
+                           torch=env.torch, triton=env.triton, exclude_self=True)
+
+
+WarmTask = tuple[str, str, int, str, Constants | None]
+
+
+def _warm_task(args: WarmTask) -> tuple[str, str, int, str, float, float]:
+    proposer, problem_key, seed, arm, constants = args
+    assert _DATASET is not None
+    problem = next(p for p in _DATASET.problems if p.key() == problem_key)
+    budget = len(_DATASET.records(problem))
+    first = [c.config for c in warm_configs(_DATASET, problem, budget)] if arm == "warm" else []
+    target = (_DATASET.optimum_ms(problem) or math.inf) * (1 + TOLERANCE)
+    t0 = time.perf_counter()
+    trace = drive(_DATASET, problem, proposer, seed, budget, constants, first=first, stop_ms=target)
+    return proposer, problem_key, seed, arm, configs_to_reach(trace, target), time.perf_counter() - t0
+
+
+def run_warm(args: argparse.Namespace) -> dict[str, Any]:
+    dataset = load_dataset(args.dataset, get_family(KERNEL))
+    problems = dataset.problems
+    labels = [p.label() for p in problems]
+    proposers = [s for s in (args.proposers or ",".join(WARM_PROPOSERS)).split(",") if s]
+    seeds = list(range(args.seeds))
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset),)) as pool:
+        fitted = any(n in ("rules", "portfolio") for n in proposers)
+        constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
+        if fitted:
+            log.info("rules constants fitted (%s) in %.0f s", args.protocol, time.perf_counter() - t0)
+        tasks: list[WarmTask] = [(name, p.key(), s, arm, constants.get(p.key()) if name in ("rules", "portfolio")
+                                  else None) for name in proposers for p in problems for s in seeds for arm in ARMS]
+        done = pool.map(_warm_task, tasks, chunksize=1)
+    by_key = {p.key(): p for p in problems}
+    out: dict[str, Any] = {}
+    for name in proposers:
+        reach: dict[str, dict[str, list[float]]] = {arm: {} for arm in ARMS}
+        cpu = 0.0
+        for prop, key, _seed, arm, n, secs in done:
+            if prop == name:
+                reach[arm].setdefault(by_key[key].label(), []).append(n)
+                cpu += secs
+        summary = {arm: summarise_reach(reach[arm], labels) for arm in ARMS}
+        cold, warm = summary["cold"]["median"], summary["warm"]["median"]
+        out[name] = {
+            **summary,
+            "warm_over_cold_median": warm / cold if cold and not math.isinf(cold) else None,
+            "target_warm_at_most_half_cold": warm <= cold / 2,
+            "per_problem": {lb: {arm: statistics.median(reach[arm][lb]) for arm in ARMS} for lb in labels},
+            "cpu_s": round(cpu, 1),
+        }
+    firsts = {p.label(): [{"config": c.config.label(), "source": c.rationale}
+                          for c in warm_configs(dataset, p, len(dataset.records(p)))] for p in problems}
+    hits = sum(1 for p in problems if _first_hit(dataset, p) == 1)
+    return {
+        "command": "python " + " ".join(sys.argv),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "dataset": {"path": str(dataset.path), "identity": dataset.identity, "problems": len(problems)},
+        "method": __doc__.split("Warm start (`--arm warm`). ")[1].replace("\n", " ").strip(),
+        "protocol": args.protocol, "batch": BATCH, "tolerance": TOLERANCE, "seeds": seeds,
+        "warm_configs": firsts,
+        "problems_whose_first_warm_config_is_within_2pct": hits,
+        "proposers": out,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _first_hit(dataset: ReplayDataset, problem: Problem) -> float:
+    """Which warm-start config (1-based) first comes within 2% of the problem's optimum; inf if none."""
+    target = (dataset.optimum_ms(problem) or math.inf) * (1 + TOLERANCE)
+    for i, c in enumerate(warm_configs(dataset, problem, len(dataset.records(problem))), start=1):
+        r = dataset.records(problem).get(c.config)
+        if r is not None and r.median_ms is not None and r.median_ms <= target:
+            return float(i)
+    return math.inf
+
+
+def warm_table(result: dict[str, Any]) -> str:
+    lines = [f"{'proposer':<11} {'cold med':>8} {'mean':>6} {'worst':>6} {'warm med':>8} {'mean':>6} {'worst':>6} "
+             f"{'warm/cold':>9}"]
+    for name, row in result["proposers"].items():
+        c, w = row["cold"], row["warm"]
+        ratio = row["warm_over_cold_median"]
+        lines.append(f"{name:<11} {_fmt(c['median']):>8} {c['mean']:>6.2f} {_fmt(c['worst_problem']):>6} "
+                     f"{_fmt(w['median']):>8} {w['mean']:>6.2f} {_fmt(w['worst_problem']):>6} "
+                     f"{'-' if ratio is None else f'{ratio:.2f}':>9}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--arm", choices=("search", "warm"), default="search",
+                   help="search: every proposer's efficiency; warm: warm start against a cold start")
     p.add_argument("--dataset", default="data/replay/matmul-h100.jsonl")
-    p.add_argument("--out", default="bench/results/search-h100.json")
+    p.add_argument("--out", help="default: bench/results/search-h100.json (search), warm-start-h100.json (warm)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="lopo")
-    p.add_argument("--proposers", default=",".join(PROPOSERS))
+    p.add_argument("--proposers", help=f"default: {','.join(PROPOSERS)} (search), {','.join(WARM_PROPOSERS)} (warm)")
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.arm == "warm":
+        args.out = args.out or "bench/results/warm-start-h100.json"
+        result = run_warm(args)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(_finite(result), indent=1) + "\n")
+        sys.stdout.write(warm_table(result) + "\n")
+        log.info("wrote %s (%.0f s)", args.out, result["wall_s"])
+        return 0
+    args.out = args.out or "bench/results/search-h100.json"
+    args.proposers = args.proposers or ",".join(PROPOSERS)
     result = run(args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(_finite(result), indent=1) + "\n")

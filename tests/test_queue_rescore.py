@@ -102,6 +102,29 @@ def test_settled_and_likely_hypotheses_move_entries_with_their_reason():
     assert outside.moves == ()  # M=64 lies outside the validated scope
 
 
+def test_rules_score_follows_its_results_and_changes_nothing_it_proposes():
+    from tilepilot.agents.base import ProposerContext, SearchState
+    from tilepilot.agents.random import RandomProposer
+    from tilepilot.agents.rules import RulesProposer
+    from tilepilot.experiments import Timing
+
+    space = get_family("matmul").space().narrowed({k: list(v) for k, v in GRID.items()})
+    ctx = ProposerContext("matmul", P, space, seed=0, budget=16)
+    scored, plain = RulesProposer(ctx), RulesProposer(ctx)
+    queued = [cfg(bm=128, bn=128, stages=3), cfg(), cfg(bn=128, bk=64)]
+    before = scored.score(queued)
+    assert all(ms is not None and "rules predicts" in why and "nothing measured yet" in why for ms, why in before)
+    ms = 0.5
+    done = Result(P, cfg(bm=128), Status.OK, ENV, timing=Timing(ms, ms, ms, ms, 10, True, "replay"))
+    for p in (scored, plain):
+        p.observe([done])
+    after = scored.score(queued)
+    assert all("corrected by 1 result" in why for _, why in after) and after != before
+    state = SearchState(results={done.config: done})
+    assert [c.config for c in scored.propose(state, 4)] == [c.config for c in plain.propose(state, 4)]
+    assert RandomProposer(ctx).score(queued) == [(None, "")] * 3  # the default predicts nothing
+
+
 def _failed(problem: Problem, config: Config, status: Status) -> Result:
     return Result(problem, config, status, ENV, message="out of resource: shared memory")
 

@@ -549,6 +549,7 @@ class Driver:
         for run in self.runs.values():
             run.proposer.close()
             self._drain(run, adopt=False)
+        cost.record_actual(self.store, self.campaign_id)  # what it spent so far
         self.store.clear_control(self.campaign_id, "stop")
         self.store.set_campaign_state(self.campaign_id, "interrupted")
         left = len(self.candidates)

@@ -5,11 +5,12 @@ same kernel on the same device are ranked by their problem's distance in log-sha
 the Euclidean distance of the log2 of the numeric problem values (M, N, K, ...), plus
 `MISMATCH` for each other value that differs (dtype) or is missing. Each winning problem
 counts once (its latest winner, one measured with the same torch and Triton preferred). The
-winners of the `NEAREST` nearest problems are queued first, each followed by the variants the
-learnings in scope imply: a learning "p=a beats p=b" whose scope holds the new problem turns a
-winner with p=b into the same config with p=a. Every config is checked against the new
-problem's space (choices and constraints); at most `limit(budget)` are queued, and they count
-against the budget like any trial.
+winners of the nearest problems are queued first, nearest first, until `NEAREST` distinct
+winning configs that fit the new problem are taken (nearby problems often share a winner);
+each is followed by the variants the learnings in scope imply: a learning "p=a beats p=b"
+whose scope holds the new problem turns a winner with p=b into the same config with p=a.
+Every config is checked against the new problem's space (choices and constraints); at most
+`limit(budget)` are queued, and they count against the budget like any trial.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tilepilot.experiments import Candidate, Config, Hypothesis, InputError, Lea
 from tilepilot.storage.store import WinnerSource
 
 NAME = "warm-start"  # the proposer name on the candidates
-NEAREST = 3  # problems whose winners start a new campaign
+NEAREST = 3  # distinct winning configs (of the nearest problems) a new campaign starts from
 MISMATCH = 1.0  # distance added per non-numeric problem value that differs (as a factor 2 in one dim)
 MAX_CONFIGS = 6  # warm-start configs per problem at most
 BUDGET_SHARE = 0.25  # of a problem's budget, at most (at least one config)
@@ -57,8 +58,8 @@ def _number(v: object) -> bool:
 
 
 def nearest_winners(problem: Problem, winners: Sequence[WinnerSource], *, torch: str = "", triton: str = "",
-                    exclude_self: bool = False, n: int = NEAREST) -> list[tuple[WinnerSource, float]]:
-    """One winner per problem (same toolchain first, then the newest), the `n` nearest problems first."""
+                    exclude_self: bool = False, n: int | None = None) -> list[tuple[WinnerSource, float]]:
+    """One winner per problem (same toolchain first, then the newest), nearest problem first (`n` at most)."""
     def preference(w: WinnerSource) -> tuple[bool, float]:
         return (w.torch, w.triton) != (torch, triton), -w.decided_at
 
@@ -78,7 +79,14 @@ def warm_candidates(problem: Problem, space: SearchSpace, winners: Sequence[Winn
     skip = set(skip or ())
     applicable = [r for r in rules if r.learning.scope.contains(problem)]
     out: list[Candidate] = []
+    taken = 0  # winning configs taken
     for w, d in nearest_winners(problem, winners, torch=torch, triton=triton, exclude_self=exclude_self):
+        if taken >= NEAREST or len(out) >= limit(budget):
+            break
+        fit = _fits(space, problem, w.config)
+        if fit is None or fit in skip:
+            continue  # outside the space, or taken already (a nearer problem had the same winner)
+        taken += 1
         toolchain = "" if (w.torch, w.triton) == (torch, triton) else f", torch {w.torch} / triton {w.triton}"
         source = (f"winner of {w.problem.label()} in campaign {w.campaign} ({w.median_ms:.4g} ms, "
                   f"log-distance {d:.2f}{toolchain})")
