@@ -98,7 +98,7 @@ class Arms:
         self.launches: dict[str, Callable[[], None]] = {}
         self.notes: dict[str, dict[str, Any]] = {}
 
-    def add(self, name: str, make: Callable[[Any], Callable[[], None]], **note: Any) -> None:
+    def add(self, arm: str, make: Callable[[Any], Callable[[], None]], **note: Any) -> None:
         import torch
 
         out = self.family.make_output(self.problem, self.inputs)
@@ -109,15 +109,15 @@ class Arms:
             torch.cuda.synchronize()
             err = self.family.error(self.problem, out, self.ref)
         except Exception as e:  # an arm that cannot run is reported, the others go on
-            self.notes[name] = {**note, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
-            log.warning("%s %s: %s", self.problem.label(), name, self.notes[name]["error"])
+            self.notes[arm] = {**note, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+            log.warning("%s %s: %s", self.problem.label(), arm, self.notes[arm]["error"])
             return
         tol = self.family.tolerance(self.problem)
-        self.notes[name] = {**note, "max_rel_err": _sig(err), "tolerance": tol}
+        self.notes[arm] = {**note, "max_rel_err": _sig(err), "tolerance": tol}
         if not err <= tol:
-            self.notes[name]["error"] = f"wrong result: error {err:.3g} over tolerance {tol:.3g}"
+            self.notes[arm]["error"] = f"wrong result: error {err:.3g} over tolerance {tol:.3g}"
             return
-        self.launches[name] = fn
+        self.launches[arm] = fn
 
     def config(self, name: str, config: Config) -> None:
         family, problem = self.family, self.problem
