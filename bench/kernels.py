@@ -105,9 +105,10 @@ class Arms:
         try:
             fn = make(out)
             _poison(out)
-            fn()
+            got = fn()
             torch.cuda.synchronize()
-            err = self.family.error(self.problem, out, self.ref)
+            # a baseline that returns its result instead of writing `out` is checked on what it returned
+            err = self.family.error(self.problem, out if got is None or _written(out) else got, self.ref)
         except Exception as e:  # an arm that cannot run is reported, the others go on
             self.notes[arm] = {**note, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
             log.warning("%s %s: %s", self.problem.label(), arm, self.notes[arm]["error"])
@@ -133,6 +134,11 @@ def _poison(out: Any) -> None:
     for t in out if isinstance(out, (tuple, list)) else (out,):
         if t.is_floating_point():
             t.fill_(float("nan"))
+
+
+def _written(out: Any) -> bool:
+    return not any(bool(t.isnan().all()) for t in (out if isinstance(out, (tuple, list)) else (out,))
+                   if t.is_floating_point())
 
 
 def _sig(x: float | None) -> float | None:

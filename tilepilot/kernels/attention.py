@@ -285,9 +285,9 @@ class AttentionFamily(KernelFamily):
         q, k, v = inputs
         causal = bool(problem["causal"])
 
-        def run() -> None:
+        def run() -> Any:
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         return run
 

@@ -129,7 +129,9 @@ class KernelFamily(ABC):
         (GPU backend) or None (interpreter: launch through the JIT)."""
 
     def baseline(self, problem: Problem, inputs: tuple[Any, ...], out: Any) -> Callable[[], None] | None:
-        """The vendor library doing the same work (cuBLAS for matmul), or None."""
+        """The vendor library doing the same work (cuBLAS for matmul), or None. The closure
+        writes `out` or returns its result, so that the work can be checked and a compiler
+        (torch.compile in bench/kernels.py) cannot drop it as unused."""
         return None
 
 

@@ -293,11 +293,19 @@ class SiluMulFp8QuantFamily(KernelFamily):
                       config, compiled)
 
     def baseline(self, problem: Problem, inputs: tuple[Any, ...], out: Any) -> Callable[[], None] | None:
-        """Eager PyTorch, unfused (there is no vendor kernel for this)."""
-        (x,) = inputs
+        """Eager PyTorch, unfused (there is no vendor kernel for this): the reference's steps,
+        ending in the fp8 values and the scales the kernel writes."""
+        import torch
 
-        def run() -> None:
-            self.reference(problem, (x,))
+        (x,) = inputs
+        t, h = dims(problem)
+
+        def run() -> Any:
+            xf = x.float()
+            y = (torch.nn.functional.silu(xf[:, :h]) * xf[:, h:]).view(t, n_groups(problem), GROUP_SIZE)
+            scale = y.abs().amax(dim=-1).clamp(min=EPS) / FP8_MAX
+            q = (y / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            return q.view(t, h), scale
 
         return run
 

@@ -1,0 +1,50 @@
+"""Every family's baseline does the family's work: it writes `out` or returns its result, and that
+result is the reference's answer within the family's tolerance. A baseline that computed nothing
+(or whose result a compiler could drop) would make bench/kernels.py compare against no work.
+On the CPU with small fp16/fp32 problems; attention's baseline (the flash SDPA backend) is
+CUDA-only and is covered by the GPU tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tilepilot.kernels import get_family
+
+torch = pytest.importorskip("torch")
+
+SMALL = {
+    "matmul": {"M": 33, "N": 40, "K": 48, "dtype": "fp16"},
+    "softmax": {"rows": 5, "cols": 300, "dtype": "fp32"},
+    "rmsnorm": {"rows": 5, "cols": 300, "dtype": "fp32"},
+    "layernorm": {"rows": 5, "cols": 300, "dtype": "fp32"},
+    "silu_mul_fp8_quant": {"T": 4, "H": 256, "dtype": "fp16"},
+    "fused_moe": {"M": 7, "E": 4, "topk": 2, "N": 64, "K": 32, "dtype": "fp16"},
+}
+
+
+def _poison(out: Any) -> None:
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+
+
+def _written(out: Any) -> bool:
+    return not any(bool(t.isnan().all()) for t in (out if isinstance(out, (tuple, list)) else (out,))
+                   if t.is_floating_point())
+
+
+@pytest.mark.parametrize("kernel", sorted(SMALL))
+def test_the_baseline_computes_the_reference_answer(kernel: str) -> None:
+    family = get_family(kernel)
+    problem = family.parse_problem(SMALL[kernel])
+    inputs = family.make_inputs(problem, 0, "cpu")
+    out = family.make_output(problem, inputs)
+    run = family.baseline(problem, inputs, out)
+    assert run is not None and family.baseline_name
+    _poison(out)
+    got = run()
+    assert _written(out) or got is not None, "the baseline neither wrote out nor returned a result"
+    err = family.error(problem, out if _written(out) else got, family.reference(problem, inputs))
+    assert 0 <= err <= family.tolerance(problem), err
