@@ -407,7 +407,7 @@ def test_attention_default_config_against_pytorch_sdpa(evaluator: Any, attention
                     f"{work.tflops(best.median_ms):.0f} TFLOP/s")
     record_property("PyTorch SDPA (flash)", f"{sdpa.median_ms:.4f} ms, {work.tflops(sdpa.median_ms):.0f} TFLOP/s")
     assert 150 < work.tflops(default.median_ms) < 990  # an H100 SXM's dense bf16 peak is ~990 TFLOP/s
-    assert default.median_ms < 1.25 * sdpa.median_ms  # measured: 0.77 to 1.01 of SDPA's time
+    assert default.median_ms < 1.25 * sdpa.median_ms  # measured: 0.69 to 1.01 of SDPA's time
 
 
 # ---- timings -----------------------------------------------------------------------------------------

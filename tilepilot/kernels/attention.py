@@ -39,7 +39,7 @@ sums are not counted). Bytes: Q, K and V read once and O written once, 4·B·H·
 
 Baseline ("PyTorch SDPA"): `scaled_dot_product_attention` in the input dtype, held to its
 flash-attention backend; it allocates its own output. On an H100 (torch 2.11, Triton 3.6) the
-default config took 0.77 to 1.01 of its time on the issue's 8 shapes.
+default config took 0.69 to 1.01 of its time on the issue's 8 shapes (two runs).
 
 L2 is not flushed between timed launches. In a model Q, K and V are written by the QKV
 projection just before the attention, so what fits in L2 is warm there. At the issue's sizes
