@@ -6,59 +6,70 @@ chart at most, whatever the store holds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import json
+from collections.abc import Mapping
+from typing import Any
 
 import altair as alt
 import pandas as pd
 
 from tilepilot.dashboard import roofline
-from tilepilot.dashboard.digest import ConvergencePoint, RooflinePoint
 from tilepilot.dashboard.reads import Ceilings
 
 LEGEND = alt.Legend(orient="top", direction="horizontal", titleOrient="left")
 
 
-def convergence_frame(points: Sequence[ConvergencePoint]) -> pd.DataFrame:
-    """One row per trial drawn: its time (ok only) and the best time so far."""
-    return pd.DataFrame({
-        "trial": [p.seq for p in points],
-        "median_ms": [p.median_ms for p in points],
-        "best_so_far_ms": [p.best_so_far_ms for p in points],
-        "status": [p.status for p in points],
-        "proposer": [p.proposer for p in points],
-    })
+def convergence_frame(points: pd.DataFrame) -> pd.DataFrame:
+    """One row per trial drawn (from rows of `digest.ConvergencePoint`): its time (ok only) and the
+    best time so far."""
+    return pd.DataFrame({"trial": points["seq"], "median_ms": points["median_ms"],
+                         "best_so_far_ms": points["best_so_far_ms"], "status": points["status"],
+                         "proposer": points["proposer"]}).reset_index(drop=True)
 
 
-def convergence_chart(points: Sequence[ConvergencePoint], y_title: str) -> alt.LayerChart:
-    """Best-so-far as a step line over trials, each ok trial as a point coloured by proposer.
+def convergence_chart(y_title: str) -> alt.LayerChart:
+    """Best-so-far as a step line over trials, each ok trial as a point coloured by proposer; the
+    data (a `convergence_frame`) is given when drawn.
 
     The time axis is logarithmic: a search tries configs many times slower than the best, and
     on a linear axis they flatten the best-so-far line against the floor.
     """
-    frame = convergence_frame(points)
-    base = alt.Chart(frame).encode(
+    base = alt.Chart().encode(
         x=alt.X("trial:Q", title="trial", axis=alt.Axis(tickMinStep=1), scale=alt.Scale(nice=False)))
     best = base.mark_line(interpolate="step-after", color="#d62728", strokeWidth=2).encode(
         y=alt.Y("best_so_far_ms:Q", title=f"{y_title} (log)", scale=alt.Scale(type="log"),
                 axis=alt.Axis(format="~g", tickCount=3)),
-        tooltip=["trial", "best_so_far_ms"])
+        tooltip=["trial:Q", "best_so_far_ms:Q"])
     trials = base.transform_filter("datum.median_ms != null").mark_circle(size=28, opacity=0.6).encode(
         y=alt.Y("median_ms:Q", scale=alt.Scale(type="log")),
         color=alt.Color("proposer:N", legend=LEGEND),
-        tooltip=["trial", "median_ms", "proposer", "status"])
+        tooltip=["trial:Q", "median_ms:Q", "proposer:N", "status:N"])
     return alt.layer(trials, best).properties(height=260)
+
+
+@functools.lru_cache(maxsize=8)
+def _convergence_json(y_title: str) -> str:
+    return json.dumps(convergence_chart(y_title).to_dict())
+
+
+def convergence_spec(y_title: str) -> dict[str, Any]:
+    """`convergence_chart` as a Vega-Lite spec, built once: a page draws a chart per problem, and
+    building each through Altair would cost more than everything else on the page."""
+    return json.loads(_convergence_json(y_title))
 
 
 # ---- the roofline ------------------------------------------------------------------------------------
 
-def roofline_frame(points: Sequence[RooflinePoint], labels: Mapping[str, str]) -> pd.DataFrame:
+def roofline_frame(points: pd.DataFrame, labels: Mapping[str, str]) -> pd.DataFrame:
+    """The results to draw (rows of `digest.RooflinePoint`), with their problems' labels."""
     return pd.DataFrame({
-        "problem": [labels.get(p.problem_key, p.problem_key) for p in points],
-        "FLOP per byte": [p.intensity for p in points],
-        "TFLOP/s": [p.tflops for p in points],
-        "median_ms": [p.median_ms for p in points],
-        "% of roofline": [p.pct for p in points],
-        "result": ["best" if p.best else "other" for p in points],
+        "problem": [labels.get(k, k) for k in points["problem_key"]],
+        "FLOP per byte": points["intensity"].to_numpy(),
+        "TFLOP/s": points["tflops"].to_numpy(),
+        "median_ms": points["median_ms"].to_numpy(),
+        "% of roofline": points["pct"].to_numpy(dtype=float, na_value=float("nan")),
+        "result": ["best" if b else "other" for b in points["best"]],
     })
 
 
@@ -71,7 +82,7 @@ def ceiling_frame(c: Ceilings, lo: float, hi: float, steps: int = 64) -> pd.Data
                          "TFLOP/s": [min(c.matmul_tflops, x * c.copy_gbps / 1000) for x in xs]})
 
 
-def roofline_chart(points: Sequence[RooflinePoint], labels: Mapping[str, str],
+def roofline_chart(points: pd.DataFrame, labels: Mapping[str, str],
                    ceiling: Ceilings | None) -> alt.LayerChart:
     """Arithmetic intensity against achieved TFLOP/s (log-log), each result a point (a problem's
     results share its intensity), each problem's best filled; with ceilings, the roofline drawn."""

@@ -50,12 +50,12 @@ def open_problem(path: str | None) -> str | None:
 
 
 @st.cache_resource(show_spinner=False)
-def handle(path: str) -> queries.ReadOnlyDB:
+def handle(path: str) -> reads.DashboardDB:
     """One read-only handle per database file, shared by every session (queries are serialised)."""
-    return queries.open_db(path)
+    return reads.open_db(path)
 
 
-def _db(path: str) -> queries.ReadOnlyDB:
+def _db(path: str) -> reads.DashboardDB:
     return handle(str(Path(path).resolve()))
 
 
@@ -75,14 +75,14 @@ def any_running(path: str) -> bool:
 
 # ---- one campaign's trials and what the Overview computes from them ----------------------------------
 
-@st.cache_resource(show_spinner=False, max_entries=256)
-def trial_log(path: str, campaign_id: int) -> TrialLog:
-    """The campaign's trials, read incrementally (see `trial_log`); one per campaign, shared."""
-    return TrialLog(campaign_id)
+@st.cache_resource(show_spinner=False)
+def trial_log(path: str) -> TrialLog:
+    """Every campaign's trials, read incrementally (see `trial_log`); one per database, shared."""
+    return TrialLog()
 
 
 def trials(path: str, campaign_id: int) -> tuple[reads.TrialPoint, ...]:
-    return trial_log(path, campaign_id).read(_db(path))
+    return trial_log(path).read(_db(path)).get(campaign_id, ())
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
@@ -112,15 +112,19 @@ def digest(path: str, campaign_id: int, updated_at: float) -> CampaignDigest | N
 
 
 @st.cache_data(ttl=DIGEST_TTL_S, show_spinner=False, max_entries=32)
-def chart_points(path: str, campaign_id: int, updated_at: float,
-                 ) -> tuple[dict[str, list[digest_of.ConvergencePoint]], list[digest_of.RooflinePoint]]:
-    """Convergence per problem and the results on the roofline, thinned for drawing."""
+def chart_points(path: str, campaign_id: int, updated_at: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The trials to draw, thinned (see `digest.convergence` and `digest.roofline_points`), as
+    frames: the convergence of every problem (columns `problem_key` and those of
+    `digest.ConvergencePoint`) and the results on the roofline (those of `digest.RooflinePoint`).
+    Frames, because a cached value is copied out to every reader, and a frame copies fast."""
     d = digest(path, campaign_id, updated_at)
     points = trials(path, campaign_id)
     if d is None:
-        return {}, []
-    return (digest_of.convergence(points),
-            digest_of.roofline_points(d.campaign.kernel, d.problems, points, d.ceilings))
+        return pd.DataFrame(), pd.DataFrame()
+    conv = [(key, *p) for key, pts in digest_of.convergence(points).items() for p in pts]
+    roof = digest_of.roofline_points(d.campaign.kernel, d.problems, points, d.ceilings)
+    return (pd.DataFrame(conv, columns=["problem_key", *digest_of.ConvergencePoint._fields]),
+            pd.DataFrame(roof, columns=list(digest_of.RooflinePoint._fields)))
 
 
 @st.cache_data(ttl=EFFECTS_TTL_S, show_spinner=False, max_entries=32)

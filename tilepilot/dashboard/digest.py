@@ -30,7 +30,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
@@ -192,8 +192,7 @@ def _gpu_time(c: CampaignInfo, points: Sequence[TrialPoint]) -> tuple[float | No
 
 # ---- thinned for charts ------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ConvergencePoint:
+class ConvergencePoint(NamedTuple):
     seq: int
     median_ms: float | None  # ok trials only
     best_so_far_ms: float | None
@@ -231,8 +230,7 @@ def thin(full: list[ConvergencePoint], max_points: int) -> list[ConvergencePoint
     return [full[i] for i in sorted(keep)]
 
 
-@dataclass(frozen=True)
-class RooflinePoint:
+class RooflinePoint(NamedTuple):
     problem_key: str
     intensity: float  # FLOPs per byte
     tflops: float

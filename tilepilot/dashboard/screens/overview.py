@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from tilepilot.dashboard import charts, data, live, roofline
-from tilepilot.dashboard.digest import RECENT, CampaignDigest
+from tilepilot.dashboard.digest import MAX_ROOFLINE_POINTS, RECENT, CampaignDigest
 from tilepilot.dashboard.reads import CampaignInfo
 from tilepilot.dashboard.text import ago, clock, count, duration, md_escape, ms, params, source, usd
 
@@ -156,10 +156,11 @@ def ceilings_caption(d: CampaignDigest) -> str:
 
 
 def convergence(c: CampaignInfo, d: CampaignDigest) -> None:
-    per_problem, _ = data.chart_points(live.db(), c.id, c.updated_at)
-    if not per_problem:
+    points, _ = data.chart_points(live.db(), c.id, c.updated_at)
+    if points.empty:
         st.info("No trial has finished yet: the convergence charts appear with the first result.")
         return
+    per_problem = dict(tuple(points.groupby("problem_key", sort=False)))
     st.markdown(f"**Best so far vs trials** ({md_escape(source(c.backend, c.device))})")
     labels = {p.problem_key: params(p.problem) for p in d.problems}
     keys = [p.problem_key for p in d.problems if p.problem_key in per_problem]  # the table's order
@@ -171,14 +172,14 @@ def convergence(c: CampaignInfo, d: CampaignDigest) -> None:
     for i, key in enumerate(keys):
         pts = per_problem[key]
         with cols[i % 2]:
-            st.caption(f"{md_escape(labels.get(key, key))} · best {ms(pts[-1].best_so_far_ms)}")
-            st.altair_chart(charts.convergence_chart(pts, y_title), width="stretch")
+            st.caption(f"{md_escape(labels.get(key, key))} · best {ms(pts['best_so_far_ms'].iloc[-1])}")
+            st.vega_lite_chart(charts.convergence_frame(pts), charts.convergence_spec(y_title), width="stretch")
 
 
 def roofline_plot(c: CampaignInfo, d: CampaignDigest) -> None:
     _, points = data.chart_points(live.db(), c.id, c.updated_at)
     st.markdown(f"**Roofline** ({md_escape(source(c.backend, c.device))})")
-    if not points:
+    if points.empty:
         st.caption("No ok result with a work model yet: each result appears at its problem's arithmetic intensity.")
         return
     labels = {p.problem_key: params(p.problem) for p in d.problems}
@@ -186,7 +187,7 @@ def roofline_plot(c: CampaignInfo, d: CampaignDigest) -> None:
     shown = "the ceilings drawn as the line" if d.ceilings else "no ceilings stored for this device, so none drawn"
     st.caption(f"each result at its problem's arithmetic intensity (the family's work model: FLOPs over the least "
                f"bytes moved) and the throughput it reached; each problem's best as a diamond; {shown}. "
-               f"At most {len(points)} result(s) drawn.")
+               f"{len(points)} result(s) drawn (at most {MAX_ROOFLINE_POINTS} per problem).")
 
 
 def effects_plot(c: CampaignInfo) -> None:
