@@ -6,9 +6,13 @@ GPU: every config is compiled ahead (CPU processes with no GPU), then timed with
 default plan (batches of 4, interleaved, as a campaign does), then again, in another random order
 and other batches, with a reference plan: 10× the minimum rounds, no early stop on spread, and a
 time cap of 10× the GPU time the default plan spent per config on that problem (its median).
-Reported per problem: Kendall's tau-b between the two rankings, whether the fastest config is
-the same (and, if not, how much slower the default plan's pick is by the reference), GPU ms per
-config for both plans, how the default plan stopped, and the timing methods used. The device
+Reported per problem: Kendall's tau-b between the two rankings; whether the fastest config is
+the same (and, if not, how much slower the default plan's pick is by the reference); the winner
+each plan declares as a campaign does (its 5 fastest re-timed together, interleaved: the default
+side with the evaluator's `remeasure`, the reference side with the reference plan; each finalist
+judged on the geometric mean of its two medians), and where the two differ, the default winner's
+time over the reference winner's, both timed together three times with the reference plan; GPU
+ms per config for both plans; how the default plan stopped; the timing methods; SM clocks. The device
 ceilings are measured first and each problem's best config is given as a share of its roofline.
 
     python bench/timing_quality.py --out bench/results/timing-quality-h100.json
@@ -54,6 +58,8 @@ PROBLEMS: dict[str, list[dict[str, Any]]] = {
 }
 SKIP = ("matmul_faults",)  # the matmul kernel again, with planted faults
 BATCH = 4
+FINALISTS = 5  # re-timed together before a winner is declared, as the campaign driver does
+JUDGE_REPEATS = 3
 TAU_TARGET, MS_TARGET = 0.9, 15.0
 
 
@@ -140,6 +146,31 @@ def time_all(ev: Any, name: str, problem: Problem, configs: list[Config], plan: 
     return out
 
 
+def declare(ev: Any, name: str, problem: Problem, first: dict[Config, Any], plan: Any) -> tuple[Config, float]:
+    """The winner as a campaign declares it (see the module docstring), and the GPU ms that took.
+    `plan` None: the evaluator's `remeasure`."""
+    top = sorted((c for c, r in first.items() if r.status is Status.OK), key=lambda c: first[c].timing.median_ms)
+    top = top[:FINALISTS]
+    again = ev.remeasure(name, problem, top) if plan is None else ev.evaluate(name, problem, top, plan=plan)
+    score = {r.config: (r.timing.median_ms * first[r.config].timing.median_ms) ** 0.5
+             for r in again if r.status is Status.OK}
+    return min(score, key=score.__getitem__), sum(r.timing.timed_ms for r in again if r.timing)
+
+
+def judge(ev: Any, name: str, problem: Problem, a: Config, b: Config, plan: Any) -> float:
+    """a's time over b's, both timed together JUDGE_REPEATS times (median of the ratios)."""
+    ratios = []
+    for _ in range(JUDGE_REPEATS):
+        ra, rb = ev.evaluate(name, problem, [a, b], plan=plan)
+        ratios.append(ra.timing.median_ms / rb.timing.median_ms)
+    return statistics.median(ratios)
+
+
+def clocks(results: list[Any]) -> dict[str, float | None]:
+    mhz = [r.telemetry.sm_clock_mhz for r in results if r.telemetry.sm_clock_mhz]
+    return {"min": min(mhz), "median": statistics.median(mhz), "max": max(mhz)} if mhz else {"min": None}
+
+
 def quality(name: str, problem: Problem, configs: list[Config], grid_size: int, ev: Any, ceilings: Any,
             seed: int) -> dict[str, Any]:
     from tilepilot.kernels.timing import TimingPlan
@@ -173,6 +204,9 @@ def quality(name: str, problem: Problem, configs: list[Config], grid_size: int, 
     for c in configs:
         statuses[fast[c].status.value] = statuses.get(fast[c].status.value, 0) + 1
     ref_ms = [ref[c].timing.timed_ms for c in both]
+    won_default, declare_ms = declare(ev, name, problem, {c: fast[c] for c in both}, None)
+    won_ref, _ = declare(ev, name, problem, {c: ref[c] for c in both}, ref_plan)
+    declared_ratio = 1.0 if won_default == won_ref else judge(ev, name, problem, won_default, won_ref, ref_plan)
     return {
         "kernel": name, "problem": problem.as_dict(), "grid_configs": grid_size, "timed_configs": len(configs),
         "ok_configs": len(both), "statuses_default_plan": statuses,
@@ -180,6 +214,11 @@ def quality(name: str, problem: Problem, configs: list[Config], grid_size: int, 
         "top1_same": top_fast == top_ref,
         "top1_default": top_fast.as_dict(), "top1_reference": top_ref.as_dict(),
         "top1_default_over_reference_best_by_reference": ref[top_fast].timing.median_ms / best_ms,
+        "declared_same": won_default == won_ref,
+        "declared_default": won_default.as_dict(), "declared_reference": won_ref.as_dict(),
+        "declared_default_over_reference_interleaved": declared_ratio,
+        "gpu_ms_declaring_default": declare_ms,
+        "gpu_ms_per_config_default_with_declaring": (sum(fast_ms) + declare_ms) / len(fast_ms),
         "best_ms_reference": best_ms, "best_roofline_pct": ceilings.roofline_pct(work.flops, work.bytes, best_ms),
         "gpu_ms_per_config_default": {"mean": statistics.fmean(fast_ms), "median": statistics.median(fast_ms),
                                       "max": max(fast_ms)},
@@ -190,10 +229,13 @@ def quality(name: str, problem: Problem, configs: list[Config], grid_size: int, 
         "cold_copies": fast[ok[0]].extra.get("cold_copies", 0) if ok else 0,
         "median_rel_spread_default": statistics.median(fast[c].timing.rel_spread for c in both),
         "wall_s": {"default": round(fast_wall, 1), "reference": round(ref_wall, 1)},
+        "sm_clock_mhz": {"default": clocks([fast[c] for c in both]), "reference": clocks([ref[c] for c in both])},
         "reference_plan": dataclasses.asdict(ref_plan),
         "configs_ms": [{"config": c.as_dict(), "default_ms": fast[c].timing.median_ms,
                         "reference_ms": ref[c].timing.median_ms, "default_timed_ms": fast[c].timing.timed_ms,
-                        "stop": fast[c].timing.stop_reason, "method": fast[c].timing.method} for c in both],
+                        "stop": fast[c].timing.stop_reason, "method": fast[c].timing.method,
+                        "default_sm_mhz": fast[c].telemetry.sm_clock_mhz,
+                        "reference_sm_mhz": ref[c].telemetry.sm_clock_mhz} for c in both],
     }
 
 
@@ -249,8 +291,9 @@ def main() -> int:
             report["not_run"].append({"kernel": name, "problem": problem.as_dict(), "why": f"{type(e).__name__}: {e}"})
             continue
         report["problems"].append(row)
-        log.info("%s %s: tau %.3f, top-1 same %s, default %.1f ms/config (ref %.1f), %s", name, problem.label(),
-                 row["kendall_tau_b"], row["top1_same"], row["gpu_ms_per_config_default"]["mean"],
+        log.info("%s %s: tau %.3f, top-1 same %s, declared same %s (%.4f), default %.1f ms/config (ref %.1f), %s",
+                 name, problem.label(), row["kendall_tau_b"], row["top1_same"], row["declared_same"],
+                 row["declared_default_over_reference_interleaved"], row["gpu_ms_per_config_default"]["mean"],
                  row["gpu_ms_per_config_reference"]["mean"], row["stop_reasons_default"])
         report["summary"] = summary(report["problems"])
         report["wall_s"] = round(time.monotonic() - start, 1)
@@ -268,18 +311,23 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     taus = [r["kendall_tau_b"] for r in rows]
     ms = [r["gpu_ms_per_config_default"]["mean"] for r in rows]
     return {"problems": len(rows), "min_tau": min(taus), "top1_same": sum(r["top1_same"] for r in rows),
+            "declared_same": sum(r["declared_same"] for r in rows),
+            "worst_declared_default_over_reference": max(r["declared_default_over_reference_interleaved"]
+                                                         for r in rows),
             "max_mean_gpu_ms_per_config": max(ms),
-            "targets": f"tau >= {TAU_TARGET}, same top-1, <= {MS_TARGET} GPU ms per config",
-            "all_met": all(t >= TAU_TARGET for t in taus) and all(r["top1_same"] for r in rows)
+            "targets": f"tau >= {TAU_TARGET}, same declared winner, <= {MS_TARGET} GPU ms per config",
+            "all_met": all(t >= TAU_TARGET for t in taus) and all(r["declared_same"] for r in rows)
             and max(ms) <= MS_TARGET}
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"{'kernel':20} {'problem':32} {'n':>4} {'tau':>6} {'top1':>5} {'ms/cfg':>7} {'ref ms':>7} stops")
+    print(f"{'kernel':20} {'problem':32} {'n':>4} {'tau':>6} {'top1':>5} {'winner':>14} {'ms/cfg':>7} "
+          f"{'ref ms':>7} stops")
     for r in rows:
         label = " ".join(f"{k}={v}" for k, v in r["problem"].items())
+        won = "same" if r["declared_same"] else f"{r['declared_default_over_reference_interleaved'] - 1:+.2%}"
         print(f"{r['kernel']:20} {label:32} {r['ok_configs']:>4} {r['kendall_tau_b']:>6.3f} "
-              f"{'same' if r['top1_same'] else 'diff':>5} {r['gpu_ms_per_config_default']['mean']:>7.2f} "
+              f"{'same' if r['top1_same'] else 'diff':>5} {won:>14} {r['gpu_ms_per_config_default']['mean']:>7.2f} "
               f"{r['gpu_ms_per_config_reference']['mean']:>7.1f} {r['stop_reasons_default']}")
 
 
