@@ -175,9 +175,10 @@ def result(plan: Plan, problem: Problem, config: Config, rng: random.Random) -> 
                   compile_ms=600 + 900 * rng.random(), telemetry=tel, extra=extra)
 
 
-def configs(kernel: str, rng: random.Random, n: int) -> list[Config]:
+def configs(kernel: str, rng: random.Random, n: int, seen: set[str] | None = None) -> list[Config]:
+    """`n` random configs of the kernel's space, none of `seen` (which they join)."""
     space = get_family(kernel).space()
-    seen: set[str] = set()
+    seen = set() if seen is None else seen
     out: list[Config] = []
     while len(out) < n:
         c = Config.of({p.name: rng.choice(p.choices) for p in space.params})
@@ -192,15 +193,20 @@ def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
         yield items[i:i + size]
 
 
+TAKEN: dict[tuple[str, str], set[str]] = {}  # (environment, problem) -> configs measured: one experiment each
+
+
 def write_plan(store: Store, plan: Plan, rng: random.Random) -> dict[str, list[str]]:
-    """The campaign, its trials, queue rows (done), events and winners; returns the ok keys per problem."""
+    """The campaign, its trials, queue rows (done), events and winners; returns the ok keys per problem.
+    Configs are drawn anew for each environment and problem, so every trial is a new experiment."""
     c = Campaign(plan.name, plan.kernel, plan.proposer, plan.budget, 0, plan.problems,
                  f"SYNTHETIC campaign of {plan.kernel} for the render benchmark")
     cid = store.create_campaign(c, backend=plan.env.backend, dataset="", device=plan.env.device)
     store.log_event("campaign_started", f"campaign {plan.name} started on 8 GPUs", campaign_id=cid)
     family = get_family(plan.kernel)
     ok_keys: dict[str, list[str]] = {}
-    work = [(p, cfg) for p in plan.problems for cfg in configs(plan.kernel, rng, plan.trials)]
+    work = [(p, cfg) for p in plan.problems
+            for cfg in configs(plan.kernel, rng, plan.trials, TAKEN.setdefault((repr(plan.env), p.key()), set()))]
     rng.shuffle(work)  # trials of all problems interleave, as the driver runs them
     for batch in chunks(work, BATCH):
         with store.transaction():
@@ -239,9 +245,12 @@ def write_plan(store: Store, plan: Plan, rng: random.Random) -> dict[str, list[s
 
 def live_queue(store: Store, cid: int, plan: Plan, rng: random.Random) -> None:
     """The running campaign's queue: `LIVE_QUEUE` rows queued, 8 running (one per GPU), re-orderings."""
-    fresh = configs(plan.kernel, random.Random(99), plan.trials + LIVE_QUEUE + 8)[plan.trials:]
-    cands = [Candidate(rng.choice(plan.problems), cfg, rng.choice(("optuna", "rules", "llm")),
-                       "SYNTHETIC: near the best so far", 0.05 + rng.random()) for cfg in fresh]
+    cands = []
+    for _ in range(LIVE_QUEUE + 8):
+        problem = rng.choice(plan.problems)
+        cfg = configs(plan.kernel, rng, 1, TAKEN.setdefault((repr(plan.env), problem.key()), set()))[0]
+        cands.append(Candidate(problem, cfg, rng.choice(("optuna", "rules", "llm")), "SYNTHETIC: near the best so far",
+                               0.05 + rng.random()))
     ids = store.enqueue(cid, cands, priorities=[rng.random() * 3 for _ in cands],
                         reasons=["predicted faster than the best"] * len(cands))
     for i, qid in enumerate(ids[:8]):
@@ -353,10 +362,13 @@ class Advance:
         self.rng = random.Random(7)
 
     def __call__(self) -> None:
-        problem = self.rng.choice(self.plan.problems)
-        config = configs(self.plan.kernel, self.rng, 1)[0]
+        while True:  # a config not measured yet: a new experiment, a new trial
+            problem = self.rng.choice(self.plan.problems)
+            config = configs(self.plan.kernel, self.rng, 1)[0]
+            key = experiment_key(self.plan.kernel, VERSION, problem, config, self.plan.env)
+            if self.store.lookup_result(key) is None:
+                break
         r = result(self.plan, problem, config, self.rng)
-        key = experiment_key(self.plan.kernel, VERSION, problem, config, self.plan.env)
         with self.store.transaction():
             self.store.record_result(r, key=key, kernel=self.plan.kernel, kernel_version=VERSION, worker="gpu-3")
             self.store.add_trial(self.campaign_id, key, Candidate(problem, config, "optuna", "SYNTHETIC"),

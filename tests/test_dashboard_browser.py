@@ -222,19 +222,29 @@ def test_serve_stops_its_server_when_terminated(tmp_path: Path):
 def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Server, browser: Chromium):
     tab = browser.open(server.url + "/")
     shown = browser.wait_for(tab, "mm-live · running", "4/16", "best 0.4321 ms", "best 1.234 ms",
-                             text.source("gpu", fx.DEVICE))
+                             text.source("gpu", fx.DEVICE), "GPU time\n\n0.227 s",
+                             "LLM cost\n\n$0.0270 (+1 unpriced)", "LLM tokens\n\n8k in / 1.3k out",
+                             "copy 2000 GB/s", "bf16 matmul 500 TFLOP/s")
     assert "Running\n\n2" in shown and "Queued\n\n2" in shown
     assert fx.HOSTILE in shown  # the campaign description, verbatim
     assert browser.eval(tab, "document.getElementById('injected') === null") is True
+    wait_for_labels(browser, tab, "median_ms: 0.4321; TFLOP/s: 39.76",  # on the roofline
+                    "trial: 2; median_ms: 0.4321; proposer: optuna",  # on the convergence chart
+                    "param: num_warps; value: 4; n: 2;")  # the parameter effects
     browser.eval(tab, "window.__tilepilot_same_page = true")
 
     live = server.live
+    live.store.add_llm_call(live.campaign_id, fx.LlmCall(time.time(), fx.P1.key(), "claude-sonnet-5-5", 1000, 200,
+                                                         0, 0, 0.01, "end_turn", "req_2", "", 900.0))
     key = live.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
     live.store.set_queue_state(live.queue_ids["p1-next"], "done", worker="gpu-0", experiment_key=key)
-    shown = browser.wait_for(tab, "5/16", "best 0.3999 ms")
+    shown = browser.wait_for(tab, "5/16", "best 0.3999 ms", "GPU time\n\n0.267 s",  # + 100 × 0.3999 ms
+                             "LLM cost\n\n$0.0370 (+1 unpriced)", "LLM tokens\n\n9k in / 1.5k out")
     assert "Running\n\n1" in shown
+    wait_for_labels(browser, tab, "median_ms: 0.3999; TFLOP/s: 42.96", "trial: 4; median_ms: 0.3999",
+                    "param: num_warps; value: 4; n: 3;")  # the effects follow within data.EFFECTS_TTL_S
     live.store.set_campaign_state(live.campaign_id, "finished")
-    browser.wait_for(tab, "mm-live · finished")
+    browser.wait_for(tab, "mm-live · finished", "ETA\n\n—")
     assert browser.eval(tab, "window.__tilepilot_same_page === true") is True  # updated in place
 
 
@@ -250,13 +260,65 @@ def test_a_campaign_started_while_the_page_is_idle_appears(server: Server, brows
     assert browser.eval(tab, "window.__tilepilot_same_page === true") is True
 
 
-def test_gpus_and_queue_pages_render_from_the_store(server: Server, browser: Chromium):
+def test_gpus_page_shows_every_gpu_of_every_node_and_what_it_runs_live(server: Server, browser: Chromium):
     tab = browser.open(server.url + "/gpus")
-    browser.wait_for(tab, "GPU 0 · Synthetic GPU 80GB", "GPU 1 · Synthetic GPU 80GB", "612 W", "1755 MHz",
-                     "40.0 GiB", "throttle: sw_power_cap", "now: mm-live | M=4096 N=4096 K=512 dtype=fp16")
+    browser.wait_for(tab, "Node node-a · 2 GPU(s)", "Node node-b · 2 GPU(s)", "GPU 0 · Synthetic GPU 80GB",
+                     "GPU 1 · Synthetic GPU 80GB", "612 W", "1755 MHz", "40.0 GiB", "455 W", "1660 MHz",
+                     "throttle: sw_power_cap (throttled in 5 of 5 samples: sw_power_cap)",
+                     "throttle: none now (throttled in 2 of 5 samples: hw_slowdown)",
+                     "now: mm-live | M=4096 N=4096 K=512 dtype=fp16 | BLOCK_SIZE_M=64",
+                     "now: mm-live | M=64 N=8192 K=2048 dtype=bf16 | BLOCK_SIZE_M=64")
+    browser.eval(tab, "window.__tilepilot_same_page = true")
+    live = server.live
+    now = time.time()
+    live.store.add_gpu_samples([fx.GpuSample(now, "node-b", "GPU-synthetic-2", 0, fx.DEVICE, 97.0, 33792.0, 81559.0,
+                                             1704.0, 641.0, 73.0, "", "gpu-2", "")])
+    live.store.set_queue_state(live.queue_ids["p2-next"], "done", worker="gpu-2")
+    live.store.set_queue_state(live.queue_ids["p1-llm"], "running", worker="gpu-2")
+    browser.wait_for(tab, "641 W", "1704 MHz", "33.0 GiB", "97 %",
+                     "now: mm-live | M=4096 N=4096 K=512 dtype=fp16 | BLOCK_SIZE_M=128 BLOCK_SIZE_N=64")
+    assert "now: mm-live | M=64 N=8192" not in browser.text(tab)
+    assert browser.eval(tab, "window.__tilepilot_same_page === true") is True
+
+
+def test_queue_page_says_why_entries_moved_and_follows_the_queue(server: Server, browser: Chromium):
+    live = server.live
     tab = browser.open(server.url + "/queue")
-    queued = server.live.store.queued(server.live.campaign_id)
-    browser.wait_for(tab, f"Next ({len(queued)} queued)", "Recently done")
+    wide(browser, tab)
+    browser.wait_for(tab, "Running (2)", "Next (2 queued)", "Recently done (1 in all)", "Why the queue changed")
+    wait_for_tables(browser, tab, f"deeper pipeline for a short K {fx.HOSTILE}",  # the model's rationale, verbatim
+                    "moved up 3→1: moved up: tests H-0000beef", "pinned by a person", "H-0000beef",
+                    "dropped: needs the same shared memory (160 KiB)")
+    assert browser.eval(tab, "document.getElementById('injected') === null") is True
+    browser.eval(tab, "window.__tilepilot_same_page = true")
+    key = live.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
+    live.store.set_queue_state(live.queue_ids["p1-next"], "done", worker="gpu-0", experiment_key=key)
+    live.store.set_queue_state(live.queue_ids["p2-explore"], "running", worker="gpu-0")
+    live.store.log_event("reordered", "queue of M=4096 re-scored, 1 moved", campaign_id=live.campaign_id, data={
+        "problem": fx.P1.key(), "moves": [{"queue_id": live.queue_ids["p1-llm"], "config": {}, "from": 2, "to": 1,
+                                           "reason": "moved up: predicted 0.3876 ms; 1st fastest of 1 predicted"}]})
+    browser.wait_for(tab, "Running (2)", "Next (1 queued)", "Recently done (2 in all)")
+    wait_for_tables(browser, tab, "moved up 2→1: moved up: predicted 0.3876 ms", "0.3999")
+    assert browser.eval(tab, "window.__tilepilot_same_page === true") is True
+
+
+def test_experiments_and_log_pages_list_the_store_and_follow_new_trials(server: Server, browser: Chromium):
+    live = server.live
+    tab = browser.open(server.url + "/experiments")
+    wide(browser, tab)
+    browser.wait_for(tab, "6 experiment(s), newest first", "Median\n\n0.6543 ms", "% of roofline",
+                     "numbers: " + text.source("replay", fx.DEVICE))
+    wait_for_tables(browser, tab, "0.4321", "0.5123", "largest tile that fits", "shared memory 262144 > 232448")
+    live.trial(fx.ok(fx.P2, fx.cfg(128, 64, 8, 4), 0.9876), proposer="rules", rationale="a wider warp count")
+    browser.wait_for(tab, "7 experiment(s), newest first")
+    wait_for_tables(browser, tab, "0.9876", "a wider warp count")
+    log = browser.open(server.url + "/log")  # (a tab in the background may not refresh: one at a time)
+    wide(browser, log)
+    browser.wait_for(log, "11 event(s), newest first")
+    wait_for_tables(browser, log, "mm-replay finished: 1 winner", "queue entry", "M=64 N=8192 K=2048 bf16: ok")
+    live.trial(fx.failed(fx.P2, fx.cfg(256, 64, 8, 5), fx.Status.COMPILE_ERROR, "PassManager::run failed"))
+    browser.wait_for(log, "12 event(s), newest first")
+    wait_for_tables(browser, log, "compile_error")
 
 
 def test_wait_for_reports_what_the_page_showed(browser: Chromium):
@@ -270,6 +332,9 @@ def test_wait_for_reports_what_the_page_showed(browser: Chromium):
 # Streamlit draws tables on a canvas; the rows in view are also written to an accessible <table>.
 TABLES_JS = ("Array.from(document.querySelectorAll('[data-testid=\"stDataFrame\"] table'))"
              ".map(t => t.textContent).join('\\n')")
+# Charts are SVGs: each mark carries an aria-label with its fields and values.
+LABELS_JS = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] svg [aria-label]'))"
+             ".map(p => p.getAttribute('aria-label'))")
 # The graph is an SVG: each node is a path whose aria-label lists its fields, its id last.
 NODES_JS = ("Array.from(document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] svg path[aria-label]'))"
             ".map(p => p.getAttribute('aria-label')).filter(a => a.includes('; id: '))")
@@ -281,6 +346,24 @@ NODE_CENTRE_JS = """(() => {
   const r = node.getBoundingClientRect();
   return [r.x + r.width / 2, r.y + r.height / 2];
 })()"""
+
+
+def wide(browser: Chromium, tab: str) -> None:
+    """A wide window: tables write only the columns in view to their accessible <table>."""
+    browser.send("Emulation.setDeviceMetricsOverride",
+                 {"width": 2560, "height": 1400, "deviceScaleFactor": 1, "mobile": False}, tab)
+
+
+def wait_for_labels(browser: Chromium, tab: str, *needles: str, timeout: float = WAIT_S) -> str:
+    """Poll the charts' marks (their aria-labels: each mark's fields and values) until they hold every needle."""
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        seen = "\n".join(browser.eval(tab, LABELS_JS) or [])
+        if all(n in seen for n in needles):
+            return seen
+        time.sleep(0.25)
+    raise AssertionError(f"charts never showed {[n for n in needles if n not in seen]}; they show:\n{seen[:4000]}")
 
 
 def wait_for_tables(browser: Chromium, tab: str, *needles: str, timeout: float = WAIT_S) -> str:

@@ -22,13 +22,12 @@ RESOURCES = (("n_regs", "Registers / thread"), ("n_spills", "Spills"), ("shared_
 
 def table(rows: list[TrialListRow]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "campaign": r.campaign, "trial": r.seq, "problem": params(r.problem),
-        "config": params(r.config), "status": r.status, "median (ms)": r.median_ms,
+        "campaign": r.campaign, "trial": r.seq, "status": r.status, "median (ms)": r.median_ms,
+        "spread %": None if r.rel_spread is None else 100 * r.rel_spread, "proposer": r.proposer,
+        "predicted (ms)": r.predicted_ms, "rationale": r.rationale, "message": r.message,
+        "problem": params(r.problem), "config": params(r.config), "hypothesis": r.hypothesis_id or "",
+        "max rel err": r.max_rel_err, "reused": r.reused, "measured": clock(r.measured_at),
         "source": source(r.backend, r.device),
-        "spread %": None if r.rel_spread is None else 100 * r.rel_spread,
-        "max rel err": r.max_rel_err, "proposer": r.proposer, "predicted (ms)": r.predicted_ms,
-        "hypothesis": r.hypothesis_id or "", "reused": r.reused, "measured": clock(r.measured_at),
-        "rationale": r.rationale, "message": r.message,
     } for r in rows])
 
 

@@ -23,9 +23,13 @@ COLUMNS = {
 }
 
 
+def _why(q: QueueEntry) -> dict[str, object]:
+    return {"proposer": q.proposer, "predicted (ms)": q.predicted_ms, "hypothesis": q.hypothesis_id or "",
+            "rationale": q.rationale}
+
+
 def _what(q: QueueEntry) -> dict[str, object]:
-    return {"problem": params(q.problem), "config": params(q.config), "proposer": q.proposer,
-            "predicted (ms)": q.predicted_ms, "hypothesis": q.hypothesis_id or "", "rationale": q.rationale}
+    return {"problem": params(q.problem), "config": params(q.config)}
 
 
 def _where(q: QueueEntry, names: dict[int, CampaignInfo]) -> dict[str, object]:
@@ -35,15 +39,15 @@ def _where(q: QueueEntry, names: dict[int, CampaignInfo]) -> dict[str, object]:
 
 def running_table(rows: list[QueueEntry], names: dict[int, CampaignInfo]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "worker": q.worker, "state": q.state, "started": ago(q.started_at), **_what(q), **_where(q, names),
+        "worker": q.worker, "state": q.state, "started": ago(q.started_at), **_why(q), **_what(q), **_where(q, names),
     } for q in rows])
 
 
 def next_table(rows: list[QueueEntry], names: dict[int, CampaignInfo],
                moves: dict[int, queue_history.Change]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "#": i, "entry": q.id, "pinned": q.pinned, "priority": q.priority, "reason": q.reason,
-        "last move": queue_history.describe(moves[q.id]) if q.id in moves else "", **_what(q), **_where(q, names),
+        "#": i, "pinned": q.pinned, "last move": queue_history.describe(moves[q.id]) if q.id in moves else "",
+        "reason": q.reason, **_why(q), **_what(q), "priority": q.priority, "entry": q.id, **_where(q, names),
     } for i, q in enumerate(rows, start=1)])
 
 
@@ -51,16 +55,17 @@ def done_table(rows: list[QueueEntry], names: dict[int, CampaignInfo]) -> pd.Dat
     return pd.DataFrame([{
         "finished": clock(q.finished_at), "result": q.status or q.state, "median (ms)": q.median_ms,
         "predicted / measured": q.predicted_ms / q.median_ms if q.predicted_ms and q.median_ms else None,
-        **_what(q), "reason": q.reason if q.state == "dropped" else "", "worker": q.worker, **_where(q, names),
+        "reason": q.reason if q.state == "dropped" else "", **_why(q), **_what(q), "worker": q.worker,
+        **_where(q, names),
     } for q in rows])
 
 
 def changes_table(rows: list[queue_history.Change], names: dict[int, CampaignInfo]) -> pd.DataFrame:
     return pd.DataFrame([{
-        "time": clock(c.ts), "campaign": names[c.campaign_id].name if c.campaign_id in names else "",
-        "change": c.what, "entry": c.queue_id,
+        "time": clock(c.ts), "change": c.what,
         "places": f"{c.before}→{c.after}" if c.before is not None and c.after is not None else "",
-        "because": c.because, "config": params(c.config),
+        "because": c.because, "entry": c.queue_id, "config": params(c.config),
+        "campaign": names[c.campaign_id].name if c.campaign_id in names else "",
     } for c in rows])
 
 
