@@ -80,6 +80,8 @@ def test_vllm_lookup_picks_the_declared_winner_for_every_token_count(db_path, tm
     assert list(data) == [str(m) for m in TOKEN_COUNTS]  # string keys, ascending M
     assert all(list(cfg) == list(VLLM_KEYS) and all(type(v) is int for v in cfg.values()) for cfg in data.values())
     winners = {m: winner_of(db_path, {"M": m, "N": 1024, "K": 2048, "dtype": "bf16"})["config"] for m in TOKEN_COUNTS}
+    assert all(c.pop("VARIANT") == "grouped" and c.pop("SPLIT_K") == 1 and c.pop("ALIGN_HINT") is False
+               for c in winners.values())  # matmul's plain kernel: vLLM's six parameters
     assert len({json.dumps(c, sort_keys=True) for c in winners.values()}) >= 3  # the winners differ with M
     for m in TOKEN_COUNTS:
         assert vllm_lookup(path, m) == winners[m]
@@ -350,7 +352,8 @@ def test_cli_writes_vllm_files_to_a_folder_and_json_to_stdout(db_path, tmp_path,
     doc = json.loads(capsys.readouterr().out)
     assert [e["problem"]["M"] for e in doc["winners"]] == [64]
     assert main(["export", "--db", str(db_path), "--format", "vllm", "--problem", "dtype=fp16"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"512": winner_of(db_path, PROBLEMS[-1])["config"]}
+    winner = {k: v for k, v in winner_of(db_path, PROBLEMS[-1])["config"].items() if k in VLLM_KEYS}
+    assert json.loads(capsys.readouterr().out) == {"512": winner}
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -1,4 +1,6 @@
-"""The matmul family on the CPU side: problems, space, constraints, work, specialisation."""
+"""The matmul family on the CPU side: problems, space, constraints, work, specialisation; the
+variant parameters (VARIANT, SPLIT_K, ALIGN_HINT): their defaults for configs recorded before
+them, their conditional constraints and the alignment the hint asserts."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import pytest
 
 from tilepilot.experiments import Config, InputError, Problem
 from tilepilot.kernels.faults import FAULTS
-from tilepilot.kernels.matmul import MatmulFamily, pipelined_shared_bytes
+from tilepilot.kernels.matmul import MatmulFamily, alignment, pipelined_shared_bytes
 from tilepilot.kernels.registry import get_family
 
 FAMILY = MatmulFamily()
@@ -43,11 +45,12 @@ def test_parse_problem_rejects_with_one_line_naming_key_and_allowed(raw: dict, p
     assert "\n" not in str(err.value)
 
 
-def test_space_has_the_tutorial_parameters() -> None:
+def test_space_has_the_tutorial_parameters_and_the_variant_ones() -> None:
     space = FAMILY.space()
     assert space.names == ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
-                           "num_stages")
-    assert space.size == 5 * 5 * 5 * 4 * 3 * 4
+                           "num_stages", "VARIANT", "SPLIT_K", "ALIGN_HINT")
+    assert space.param("VARIANT").choices == ("grouped", "splitk", "persistent", "tma")
+    assert space.size == 5 * 5 * 5 * 4 * 3 * 4 * 4 * 5 * 2
 
 
 def test_shared_memory_constraint_names_the_need_and_the_limit() -> None:
@@ -90,6 +93,124 @@ def test_kernel_version_hashes_the_kernel_source() -> None:
 def test_faults_family_extends_the_space_with_fault() -> None:
     faults = get_family("matmul_faults")
     assert faults.space().names[-1] == "FAULT" and faults.space().param("FAULT").choices == FAULTS
+    assert "VARIANT" not in faults.space().names  # the faults family keeps the grouped kernel
     cfg = faults.default_config(problem())
     assert cfg["FAULT"] == "none" and faults.space().check(cfg, problem()) is None
     assert "FAULT:oob" in faults.specialisation(problem(), Config.of({**cfg.as_dict(), "FAULT": "oob"}))
+
+
+# ---- variants ---------------------------------------------------------------------------------------
+def variant(v: str = "grouped", split: int = 1, hint: bool = False, **tile: int) -> Config:
+    return Config.of({**config(**tile).as_dict(), "VARIANT": v, "SPLIT_K": split, "ALIGN_HINT": hint})
+
+
+def test_config_recorded_before_the_variants_parses_as_the_grouped_kernel() -> None:
+    old = config().as_dict()
+    parsed = FAMILY.space().parse(old)
+    assert parsed == variant() and list(parsed)[-3:] == ["VARIANT", "SPLIT_K", "ALIGN_HINT"]
+    assert FAMILY.space().parse(variant("splitk", 4).as_dict())["SPLIT_K"] == 4
+    with pytest.raises(InputError, match=r"VARIANT='cutlass' is not one of \{grouped, splitk, persistent, tma\}"):
+        FAMILY.space().parse({**old, "VARIANT": "cutlass"})
+    with pytest.raises(InputError, match="missing BLOCK_SIZE_M"):  # a parameter without a default stays required
+        FAMILY.space().parse({k: v for k, v in old.items() if k != "BLOCK_SIZE_M"})
+
+
+def test_defaults_survive_narrowing_and_restriction() -> None:
+    space = FAMILY.space()
+    narrowed = space.narrowed({"VARIANT": ["grouped", "splitk"], "num_warps": [4]})
+    assert narrowed.param("VARIANT").default == "grouped" and narrowed.param("SPLIT_K").default == 1
+    assert narrowed.parse(config().as_dict()) == variant()
+    restricted = space.restricted([variant(), variant("splitk", 2)])
+    assert restricted.param("VARIANT").choices == ("grouped", "splitk")
+    assert restricted.param("ALIGN_HINT").default is False
+    assert restricted.parse(config().as_dict()) == variant()
+
+
+def test_a_config_without_variant_parameters_is_checked_as_the_grouped_kernel() -> None:
+    space = FAMILY.space()
+    assert space.check(config(), problem(3000, 5000, 1000, "fp16")) is None
+    assert space.check(config(256, 256, 128), problem()) == space.check(variant(bm=256, bn=256, bk=128), problem())
+
+
+@pytest.mark.parametrize(("cfg", "prob", "reason"), [
+    (variant("splitk", 1), problem(), "VARIANT=splitk needs SPLIT_K of 2 or more"),
+    (variant("grouped", 4), problem(), "SPLIT_K=4 is only for VARIANT=splitk"),
+    (variant("persistent", 2), problem(), "SPLIT_K=2 is only for VARIANT=splitk"),
+    (variant("tma", hint=True), problem(3000, 5000, 1000, "fp16"),
+     "ALIGN_HINT=True is for pointer loads; VARIANT=tma loads through tensor descriptors"),
+    (variant(hint=True), problem(4096, 4096, 4096),
+     "ALIGN_HINT=True has nothing to assert: K=4096 and N=4096 are each a multiple of 16"),
+    (variant(hint=True), problem(64, 47, 65), "K=65 and N=47"),
+    (variant("splitk", 8, bk=128), problem(16384, 16384, 256),
+     "SPLIT_K=8 leaves a split without work: K=256 is 2 block(s) of BLOCK_SIZE_K=128"),
+    (variant("splitk", 8, bk=64), problem(8192, 8192, 8192),
+     "SPLIT_K=8 needs a 2048 MiB fp32 workspace (SPLIT_K×M×N), more than 1024 MiB"),
+    (variant("tma"), problem(1500, 1500, 1500, "fp16"),
+     "VARIANT=tma needs rows of a multiple of 16 bytes: fp16 rows of K=1500 and N=1500 elements are not"),
+    (variant("tma"), problem(1000, 3004, 2000), "bf16 rows of N=3004 elements are not"),
+    (variant("tma", bm=256, bn=256, bk=64, s=3), problem(),
+     "VARIANT=tma needs 327680 B of shared memory for its 3-stage A and B tiles and the C tile it stores"),
+])
+def test_conditional_parameters_are_constraints_with_a_one_line_reason(cfg: Config, prob: Problem,
+                                                                         reason: str) -> None:
+    got = FAMILY.space().check(cfg, prob)
+    assert got is not None and reason in got and "\n" not in got, got
+
+
+def test_workspace_of_exactly_the_cap_is_allowed() -> None:
+    # 4 × 8192 × 8192 × 4 B = 1024 MiB: at the cap, not over it
+    assert FAMILY.space().check(variant("splitk", 4, bk=64), problem(8192, 8192, 8192)) is None
+
+
+def test_every_variant_has_valid_configs_on_the_issue_shapes() -> None:
+    space = FAMILY.space().narrowed({"BLOCK_SIZE_M": [64, 128], "BLOCK_SIZE_N": [64, 128], "BLOCK_SIZE_K": [64],
+                                     "GROUP_SIZE_M": [8], "num_warps": [4], "num_stages": [3]})
+    for prob, variants in ((problem(3000, 5000, 1000, "fp16"), {"grouped", "splitk", "persistent", "tma"}),
+                           (problem(1500, 1500, 1500, "fp16"), {"grouped", "splitk", "persistent"}),
+                           (problem(1, 4096, 4096), {"grouped", "splitk", "persistent", "tma"}),
+                           (problem(16384, 16384, 256), {"grouped", "persistent", "tma"})):  # 2 GiB workspace
+        valid = space.valid(prob)
+        assert {c["VARIANT"] for c in valid} == variants, prob.label()
+        hinted = {c["ALIGN_HINT"] for c in valid}
+        assert hinted == ({False, True} if int(prob["K"]) % 16 else {False}), prob.label()
+
+
+@pytest.mark.parametrize(("dim", "dtype", "align"), [
+    (4096, "bf16", 1), (1000, "fp16", 8), (5000, "fp16", 8), (3000, "bf16", 8), (1500, "fp16", 4), (6, "fp16", 2),
+    (1001, "fp16", 1), (24, "bf16", 8)])
+def test_alignment_is_what_triton_cannot_see_up_to_16_bytes(dim: int, dtype: str, align: int) -> None:
+    assert alignment(dim, dtype) == align
+
+
+def test_specialisation_separates_the_asserted_alignment_and_the_reduction_length() -> None:
+    spec = FAMILY.specialisation
+    a, b = problem(3000, 5000, 1000, "fp16"), problem(1500, 1500, 1500, "fp16")
+    assert spec(a, variant()) == spec(b, variant())  # no hint: the same kernel
+    assert spec(a, variant(hint=True)) != spec(b, variant(hint=True))  # ALIGN 8 vs 4
+    assert "ALIGN_K:8 ALIGN_N:8" in spec(a, variant(hint=True))
+    assert spec(problem(64, 64, 64), variant("splitk", 2)) != spec(problem(64, 63, 64), variant("splitk", 2))
+    assert spec(problem(64, 64, 64), variant()) == spec(problem(64, 64, 64), config())
+
+
+def test_default_config_names_the_grouped_kernel() -> None:
+    cfg = FAMILY.default_config(problem())
+    assert (cfg["VARIANT"], cfg["SPLIT_K"], cfg["ALIGN_HINT"]) == ("grouped", 1, False)
+
+
+def test_kernel_version_covers_every_variant_module() -> None:
+    from tilepilot.kernels.matmul import KERNEL_MODULES
+
+    assert set(KERNEL_MODULES) == {"tilepilot.kernels.matmul_triton", "tilepilot.kernels.matmul_splitk_triton",
+                                   "tilepilot.kernels.matmul_persistent_triton"}
+
+
+def test_recorded_dataset_without_variant_keys_replays_as_the_grouped_kernel() -> None:
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    ds = load_dataset(DATA_DIR / "matmul-h100.jsonl", FAMILY)
+    p = problem(3000, 5000, 1000, "fp16")
+    records = ds.records(p)
+    assert len(records) == 162 and {c["VARIANT"] for c in records} == {"grouped"}
+    space = ds.space(FAMILY, p)
+    assert space.param("VARIANT").choices == ("grouped",) and space.param("SPLIT_K").choices == (1,)
+    assert len(space.valid(p)) == sum(r.status.value != "invalid" for r in records.values())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,10 +16,14 @@ Constraint = Callable[[Config, Problem], str | None]
 
 @dataclass(frozen=True)
 class Param:
-    """One tunable parameter with its allowed values, in increasing order where ordered."""
+    """One tunable parameter with its allowed values, in increasing order where ordered.
+
+    `default`, when given, is the value `SearchSpace.parse` fills in for a config that lacks the
+    parameter (a config recorded before the parameter existed)."""
 
     name: str
     choices: tuple[Value, ...]
+    default: Value | None = None
 
     @property
     def is_power_of_two(self) -> bool:
@@ -55,11 +60,13 @@ class SearchSpace:
     def parse(self, data: Mapping[str, object]) -> Config:
         """Check a config from outside (a file, an LLM, a user) and return it.
 
-        Raises InputError naming every unknown key, missing key and out-of-range value.
+        A missing parameter that has a default takes it. Raises InputError naming every unknown
+        key, missing key (without a default) and out-of-range value.
         """
         if not isinstance(data, Mapping):
             raise InputError(f"bad config: {data!r:.80} is not a table of parameter = value")
         problems: list[str] = []
+        data = {**{p.name: p.default for p in self.params if p.default is not None and p.name not in data}, **data}
         unknown = sorted(set(data) - set(self.names))
         if unknown:
             problems.append(f"unknown parameter(s) {', '.join(unknown)} (allowed: {', '.join(self.names)})")
@@ -97,8 +104,8 @@ class SearchSpace:
                 allowed = ", ".join(str(c) for c in self.param(name).choices)
                 raise InputError(f"space.{name}: {bad[0]!r} is not one of {{{allowed}}}")
         params = tuple(
-            Param(p.name, tuple(c for c in p.choices if p.name not in choices
-                                or any(_allowed(c, (v,)) for v in choices[p.name])))  # type: ignore[arg-type]
+            dataclasses.replace(p, choices=tuple(c for c in p.choices if p.name not in choices
+                                                 or any(_allowed(c, (v,)) for v in choices[p.name])))
             for p in self.params
         )
         return SearchSpace(params, self.constraints)
@@ -110,7 +117,7 @@ class SearchSpace:
         """
         allowed = frozenset(c.key() for c in configs)
         params = tuple(
-            Param(p.name, tuple(v for v in p.choices if any(c[p.name] == v for c in configs)))
+            dataclasses.replace(p, choices=tuple(v for v in p.choices if any(c[p.name] == v for c in configs)))
             for p in self.params
         )
 

@@ -2,8 +2,30 @@
 
 Problem: M, N, K (positive ints up to 65536, each operand under 2**31 elements) and dtype
 (bf16 | fp16); A is M×K, B is K×N, C is M×N, all row-major. The config space is the
-tutorial's: tile sizes, the group size of the swizzled program order, warps and pipeline
-stages. The kernel itself is in `matmul_triton.py`.
+tutorial's (tile sizes, the group size of the swizzled program order, warps and pipeline
+stages) plus the kernel variant and its own parameters:
+
+- VARIANT (default "grouped"): which kernel runs.
+  - "grouped": the tutorial kernel, one program per output tile (matmul_triton.py);
+  - "splitk": K cut into SPLIT_K ranges computed by separate programs, fp32 partials reduced in
+    a fixed order by a second launch, so the result is deterministic (matmul_splitk_triton.py);
+  - "persistent": one program per SM looping over the output tiles (a tile scheduler), loads
+    of the next tile overlapping the epilogue of the current one (matmul_persistent_triton.py);
+  - "tma": the persistent kernel loading and storing whole tiles through tensor descriptors
+    (Hopper's bulk tensor copy engine); needs sm_90 and a Triton with `tl.make_tensor_descriptor`,
+    else the config is a `compile_error` that says so;
+- SPLIT_K (default 1): the number of K ranges, 2 or more for VARIANT=splitk and 1 otherwise;
+- ALIGN_HINT (default False): state the alignment of K and N that Triton cannot see. Triton
+  specialises integer arguments on divisibility by 16 only, so a row of K=1000 fp16 elements
+  (2000 bytes, a multiple of 16) looks unaligned and its loads go element by element. With
+  ALIGN_HINT the host computes the largest power of two up to 16 bytes dividing K and N and the
+  kernel restates them so the loads are vectors again (see matmul_triton.py). Only where it says
+  something (K or N not a multiple of 16 but even) and not for "tma" (no pointer loads).
+
+A config without these three parameters (recorded before they existed) is the grouped kernel:
+`SearchSpace.parse` fills in the defaults, and the family reads a missing one as its default.
+The conditional parameters are constraints with a one-line reason, e.g. "SPLIT_K=4 is only for
+VARIANT=splitk".
 """
 
 from __future__ import annotations
@@ -21,6 +43,9 @@ MAX_DIM = 65536
 MAX_ELEMENTS = 2**31 - 1  # the kernel indexes each operand with 32-bit offsets
 TOLERANCE = {"bf16": 1e-2, "fp16": 2e-3}  # ||C - ref|| / ||ref||; output rounding alone is ~2e-3 / ~3e-4
 H100_SHARED_BYTES = Target().max_shared_bytes
+VECTOR_BYTES = 16  # the widest load a thread issues, and TMA's row-stride alignment
+MAX_WORKSPACE_BYTES = 2**30  # split-K's fp32 partials, SPLIT_K × M × N × 4 bytes
+INTERPRETER_PROGRAMS = 3  # persistent programs under the interpreter: fewer than the tiles, so each loops
 
 PARAMS = (
     Param("BLOCK_SIZE_M", (16, 32, 64, 128, 256)),
@@ -31,6 +56,18 @@ PARAMS = (
     Param("num_stages", (2, 3, 4, 5)),
 )
 TILE_PARAMS = tuple(p.name for p in PARAMS)
+VARIANTS = ("grouped", "splitk", "persistent", "tma")
+VARIANT_PARAMS = (
+    Param("VARIANT", VARIANTS, default="grouped"),
+    Param("SPLIT_K", (1, 2, 4, 8, 16), default=1),
+    Param("ALIGN_HINT", (False, True), default=False),
+)
+DEFAULTS: dict[str, Any] = {p.name: p.default for p in VARIANT_PARAMS}
+
+
+def setting(config: Config, name: str) -> Any:
+    """A variant parameter of the config, its default where the config predates it."""
+    return config.get(name, DEFAULTS[name])
 
 
 def pipelined_shared_bytes(config: Config, problem: Problem) -> int:
@@ -48,24 +85,106 @@ def shared_memory_fits(config: Config, problem: Problem) -> str | None:
     return None
 
 
+def alignment(dim: int, dtype: str) -> int:
+    """What ALIGN_HINT asserts of a row of `dim` elements: 1 where Triton knows it by itself (dim a
+    multiple of 16), else the largest power of two dividing dim, up to 16 bytes of elements."""
+    if dim % 16 == 0:
+        return 1
+    align = 1
+    while align * 2 * DTYPE_BYTES[dtype] <= VECTOR_BYTES and dim % (align * 2) == 0:
+        align *= 2
+    return align
+
+
+def alignments(problem: Problem, config: Config) -> tuple[int, int]:
+    """The kernel's ALIGN_K and ALIGN_N: (1, 1) without ALIGN_HINT."""
+    if not setting(config, "ALIGN_HINT"):
+        return 1, 1
+    _, n, k = dims(problem)
+    dtype = str(problem["dtype"])
+    return alignment(k, dtype), alignment(n, dtype)
+
+
+def variant_settings(config: Config, problem: Problem) -> str | None:
+    """SPLIT_K belongs to VARIANT=splitk, which needs at least two splits."""
+    variant, split = setting(config, "VARIANT"), int(setting(config, "SPLIT_K"))
+    if variant == "splitk" and split < 2:
+        return "VARIANT=splitk needs SPLIT_K of 2 or more"
+    if variant != "splitk" and split != 1:
+        return f"SPLIT_K={split} is only for VARIANT=splitk"
+    return None
+
+
+def align_hint_applies(config: Config, problem: Problem) -> str | None:
+    """ALIGN_HINT must say something Triton does not know, to a kernel that loads through pointers."""
+    if not setting(config, "ALIGN_HINT"):
+        return None
+    if setting(config, "VARIANT") == "tma":
+        return "ALIGN_HINT=True is for pointer loads; VARIANT=tma loads through tensor descriptors"
+    if alignments(problem, config) == (1, 1):
+        _, n, k = dims(problem)
+        return (f"ALIGN_HINT=True has nothing to assert: K={k} and N={n} are each a multiple of 16 "
+                "(Triton specialises on that by itself) or odd")
+    return None
+
+
+def splitk_fits(config: Config, problem: Problem) -> str | None:
+    """Every split gets at least one BLOCK_SIZE_K block, and the fp32 partials fit the workspace cap."""
+    if setting(config, "VARIANT") != "splitk":
+        return None
+    m, n, k = dims(problem)
+    split, bk = int(setting(config, "SPLIT_K")), int(config["BLOCK_SIZE_K"])
+    blocks = -(-k // bk)
+    if (split - 1) * -(-blocks // split) >= blocks:
+        return (f"SPLIT_K={split} leaves a split without work: K={k} is {blocks} block(s) of "
+                f"BLOCK_SIZE_K={bk}")
+    need = split * m * n * 4
+    if need > MAX_WORKSPACE_BYTES:
+        return (f"SPLIT_K={split} needs a {need / 2**20:.0f} MiB fp32 workspace (SPLIT_K×M×N), more than "
+                f"{MAX_WORKSPACE_BYTES // 2**20} MiB")
+    return None
+
+
+def tma_fits(config: Config, problem: Problem) -> str | None:
+    """TMA needs 16-byte aligned row strides; the stored C tile is staged in shared memory too."""
+    if setting(config, "VARIANT") != "tma":
+        return None
+    _, n, k = dims(problem)
+    dtype = str(problem["dtype"])
+    size = DTYPE_BYTES[dtype]
+    bad = [f"{name}={v}" for name, v in (("K", k), ("N", n)) if v * size % VECTOR_BYTES]
+    if bad:
+        return (f"VARIANT=tma needs rows of a multiple of {VECTOR_BYTES} bytes: {dtype} rows of "
+                f"{' and '.join(bad)} elements are not")
+    need = pipelined_shared_bytes(config, problem) + int(config["BLOCK_SIZE_M"]) * int(config["BLOCK_SIZE_N"]) * size
+    if need > H100_SHARED_BYTES:
+        return (f"VARIANT=tma needs {need} B of shared memory for its {config['num_stages']}-stage A and B "
+                f"tiles and the C tile it stores, more than the {H100_SHARED_BYTES} B a block can have")
+    return None
+
+
+CONSTRAINTS = (variant_settings, align_hint_applies, shared_memory_fits, splitk_fits, tma_fits)
+
+
 class MatmulFamily(KernelFamily):
     name: ClassVar[str] = "matmul"
     baseline_name: ClassVar[str] = "cuBLAS (torch.matmul)"
     version: ClassVar[str] = "1"
-    description: ClassVar[str] = "C = A @ B, bf16/fp16 in and out, fp32 accumulation (Triton GEMM tutorial)"
+    description: ClassVar[str] = ("C = A @ B, bf16/fp16 in and out, fp32 accumulation (Triton GEMM tutorial; "
+                                  "variants grouped, splitk, persistent, tma)")
     dtypes: ClassVar[tuple[str, ...]] = DTYPES
     l2_flush: ClassVar[bool] = True
 
     # ---- CPU side ---------------------------------------------------------------------------
     def space(self) -> SearchSpace:
-        return SearchSpace(PARAMS, (shared_memory_fits,))
+        return SearchSpace((*PARAMS, *VARIANT_PARAMS), CONSTRAINTS)
 
     def parse_problem(self, raw: Mapping[str, Any]) -> Problem:
         return parse_matmul_problem(raw)
 
     def default_config(self, problem: Problem) -> Config:
         return Config.of({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 64,
-                          "GROUP_SIZE_M": 8, "num_warps": 8, "num_stages": 3})
+                          "GROUP_SIZE_M": 8, "num_warps": 8, "num_stages": 3, **DEFAULTS})
 
     def work(self, problem: Problem) -> Work:
         m, n, k = dims(problem)
@@ -76,21 +195,40 @@ class MatmulFamily(KernelFamily):
         from tilepilot.kernels.compile import int_class
 
         m, n, k = dims(problem)
-        return f"{problem['dtype']} M:{int_class(m)} N:{int_class(n)} K:{int_class(k)}"
+        spec = f"{problem['dtype']} M:{int_class(m)} N:{int_class(n)} K:{int_class(k)}"
+        align = alignments(problem, config)
+        if align != (1, 1):
+            spec += f" ALIGN_K:{align[0]} ALIGN_N:{align[1]}"
+        if setting(config, "VARIANT") == "splitk":
+            spec += f" MN:{int_class(m * n)}"  # the reduction's length
+        return spec
 
     def source_hash(self) -> str:
-        """The family module and its kernel module, so that an edited kernel is a new experiment."""
-        return hash_modules(type(self).__module__, "tilepilot.kernels.matmul_triton")
+        """The family module and its kernel modules, so that an edited kernel is a new experiment."""
+        return hash_modules(type(self).__module__, *KERNEL_MODULES)
 
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
-        from tilepilot.kernels import matmul_triton
+        from tilepilot.kernels import matmul_splitk_triton
         from tilepilot.kernels.compile import Pointer, aot_compile
 
-        args: dict[str, Any] = {name: Pointer(str(problem["dtype"])) for name in ("a_ptr", "b_ptr", "c_ptr")}
-        args.update(_int_args(problem))
-        return aot_compile(matmul_triton.matmul_kernel, args, _constexprs(config), target,
+        variant = setting(config, "VARIANT")
+        if variant == "tma":
+            _require_tma(target)
+        fn, ints, constexprs = _kernel(problem, config)
+        dtype = str(problem["dtype"])
+        args: dict[str, Any] = {name: Pointer("fp32" if name == "ws_ptr" else dtype) for name in fn.arg_names
+                                if name.endswith("_ptr")}
+        main = aot_compile(fn, {**args, **ints}, constexprs, target,
                            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+        if variant != "splitk":
+            return main
+        m, n, _ = dims(problem)
+        reduce = aot_compile(matmul_splitk_triton.splitk_reduce_kernel,
+                             {"ws_ptr": Pointer("fp32"), "c_ptr": Pointer(dtype), "MN": m * n},
+                             _reduce_constexprs(config), target, num_warps=matmul_splitk_triton.REDUCE_WARPS,
+                             num_stages=1)
+        return SplitKCompiled(main, reduce)
 
     def make_inputs(self, problem: Problem, seed: int, device: str) -> tuple[Any, ...]:
         import torch
@@ -124,15 +262,19 @@ class MatmulFamily(KernelFamily):
 
     def launcher(self, problem: Problem, config: Config, inputs: tuple[Any, ...], out: Any,
                  compiled: Any | None) -> Callable[[], None]:
-        from tilepilot.kernels import matmul_triton
-
         a, b = inputs
         _check_operands(problem, a, b, out)
+        variant = setting(config, "VARIANT")
+        if variant == "splitk":
+            return _splitk_launcher(problem, config, a, b, out, compiled)
+        fn, ints, constexprs = _kernel(problem, config)
         m, n, _ = dims(problem)
         bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
-        grid = ((m + bm - 1) // bm * ((n + bn - 1) // bn), 1, 1)
-        values: dict[str, Any] = {"a_ptr": a, "b_ptr": b, "c_ptr": out, **_int_args(problem)}
-        return launch(matmul_triton.matmul_kernel, grid, values, _constexprs(config), config, compiled)
+        tiles = -(-m // bm) * -(-n // bn)
+        programs = tiles if variant == "grouped" else min(tiles, _programs(a))
+        run = launch(fn, (programs, 1, 1), {"a_ptr": a, "b_ptr": b, "c_ptr": out, **ints}, constexprs, config,
+                     compiled)
+        return _with_scratch(run, compiled, programs, out) if variant == "tma" else run
 
     def baseline(self, problem: Problem, inputs: tuple[Any, ...], out: Any) -> Callable[[], None] | None:
         import torch
@@ -143,6 +285,124 @@ class MatmulFamily(KernelFamily):
             torch.matmul(a, b, out=out)
 
         return run
+
+
+KERNEL_MODULES = ("tilepilot.kernels.matmul_triton", "tilepilot.kernels.matmul_splitk_triton",
+                  "tilepilot.kernels.matmul_persistent_triton")
+
+
+class SplitKCompiled:
+    """The split-K kernel and its reduction compiled together. To the evaluator it reads as the
+    main kernel (its metadata, registers and spills; `compiled[grid]` launches it)."""
+
+    def __init__(self, main: Any, reduce: Any) -> None:
+        self.main = main
+        self.reduce = reduce
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.main, name)
+
+    def __getitem__(self, grid: tuple[int, int, int]) -> Any:
+        return self.main[grid]
+
+
+# ---- variants: which kernel, its arguments, its launch ------------------------------------------
+def _kernel(problem: Problem, config: Config) -> tuple[Any, dict[str, int], dict[str, Any]]:
+    """The variant's Triton function, its integer arguments and its compile-time constants."""
+    from tilepilot.kernels import matmul_persistent_triton, matmul_splitk_triton, matmul_triton
+
+    variant = setting(config, "VARIANT")
+    ints, constexprs = _int_args(problem), _constexprs(config)
+    align_k, align_n = alignments(problem, config)
+    aligned = {**constexprs, "ALIGN_K": align_k, "ALIGN_N": align_n}
+    if variant == "tma":
+        return matmul_persistent_triton.matmul_tma_kernel, {k: ints[k] for k in ("M", "N", "K")}, constexprs
+    if variant == "persistent":
+        return matmul_persistent_triton.matmul_persistent_kernel, ints, aligned
+    if variant == "splitk":
+        ints = {k: v for k, v in ints.items() if not k.startswith("stride_c")}
+        return matmul_splitk_triton.matmul_splitk_kernel, ints, {**aligned, "SPLIT_K": int(setting(config, "SPLIT_K"))}
+    return matmul_triton.matmul_kernel, ints, aligned
+
+
+def _reduce_constexprs(config: Config) -> dict[str, int]:
+    from tilepilot.kernels import matmul_splitk_triton
+
+    return {"SPLIT_K": int(setting(config, "SPLIT_K")), "BLOCK": matmul_splitk_triton.REDUCE_BLOCK}
+
+
+def _splitk_launcher(problem: Problem, config: Config, a: Any, b: Any, out: Any,
+                     compiled: Any | None) -> Callable[[], None]:
+    """Two launches: the partial products into a workspace allocated here (outside the timed
+    closure), then their reduction into `out`."""
+    import torch
+
+    from tilepilot.kernels import matmul_splitk_triton
+
+    m, n, _ = dims(problem)
+    split = int(setting(config, "SPLIT_K"))
+    fn, ints, constexprs = _kernel(problem, config)
+    tiles = -(-m // int(config["BLOCK_SIZE_M"])) * -(-n // int(config["BLOCK_SIZE_N"]))
+    ws = torch.empty(split * m * n, dtype=torch.float32, device=a.device)
+    partials = launch(fn, (tiles, split, 1), {"a_ptr": a, "b_ptr": b, "ws_ptr": ws, **ints}, constexprs, config,
+                      None if compiled is None else compiled.main)
+    reduce_grid = (-(-(m * n) // matmul_splitk_triton.REDUCE_BLOCK), 1, 1)
+    reduce = launch(matmul_splitk_triton.splitk_reduce_kernel, reduce_grid, {"ws_ptr": ws, "c_ptr": out, "MN": m * n},
+                    _reduce_constexprs(config),
+                    Config.of({"num_warps": matmul_splitk_triton.REDUCE_WARPS, "num_stages": 1}),
+                    None if compiled is None else compiled.reduce)
+
+    def run() -> None:
+        partials()
+        reduce()
+
+    return run
+
+
+def _programs(a: Any) -> int:
+    """Programs of a persistent launch: one per SM (fewer under the interpreter, so each loops)."""
+    import torch
+
+    if a.device.type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return int(torch.cuda.get_device_properties(a.device).multi_processor_count)
+
+
+def _with_scratch(run: Callable[[], None], compiled: Any | None, programs: int, out: Any) -> Callable[[], None]:
+    """`run` with the global scratch memory the device-made tensor descriptors live in: allocated
+    here, once, and handed to Triton's launcher through `triton.set_allocator` at each launch."""
+    if compiled is None:
+        return run  # the interpreter keeps descriptors on the host
+    import torch
+    import triton
+
+    need = int(getattr(compiled.metadata, "global_scratch_size", 0)) * programs
+    scratch = torch.empty(max(need, 1), dtype=torch.uint8, device=out.device)
+
+    def allocate(size: int, alignment: int, stream: Any) -> Any:
+        if size > scratch.numel():
+            raise RuntimeError(f"the tma kernel asks for {size} B of scratch memory, {scratch.numel()} B set aside")
+        return scratch
+
+    def run_tma() -> None:
+        triton.set_allocator(allocate)
+        run()
+
+    return run_tma
+
+
+def _require_tma(target: Target) -> None:
+    """VARIANT=tma compiles only for a Hopper (or later) target with a Triton that has tensor descriptors."""
+    import triton
+    import triton.language as tl
+    from triton.compiler.errors import CompilationError
+
+    if target.backend != "cuda" or target.arch < 90:
+        raise CompilationError("", None, f"VARIANT=tma needs TMA (cuda sm_90 or later); the target is "
+                                         f"{target.backend} sm_{target.arch}")
+    if not hasattr(tl, "make_tensor_descriptor"):
+        raise CompilationError("", None, f"VARIANT=tma needs tl.make_tensor_descriptor, which Triton "
+                                         f"{triton.__version__} does not have")
 
 
 # ---- helpers shared with the faults family ---------------------------------------------------

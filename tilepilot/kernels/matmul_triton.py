@@ -1,9 +1,16 @@
-"""The Triton GEMM kernel of the `matmul` family: C = A @ B, fp32 accumulation.
+"""The Triton GEMM kernel of the `matmul` family (VARIANT=grouped): C = A @ B, fp32 accumulation,
+and the device helpers the other variants share (`tile_pid`, `aligned`).
 
 Read as Triton's 03-matrix-multiplication tutorial: programs are ordered in groups of
 GROUP_SIZE_M rows of tiles ("swizzled") so that neighbouring programs reuse tiles of A and B
 from L2. Arbitrary M, N, K: rows of A and columns of B past the edge are wrapped (their
 results are never stored), K is masked, and the store is masked.
+
+ALIGN_K, ALIGN_N (1 unless the config sets ALIGN_HINT): Triton specialises an integer argument
+only on divisibility by 16, so K=1000 looks unaligned although its fp16 rows are 2000 bytes, a
+multiple of 16; the loads of that operand then go element by element. The host checks the real
+alignment (K % ALIGN_K == 0, N % ALIGN_N == 0) and `aligned` restates K, N and the row strides
+so that the compiler knows it: the loads and masks become vectors of ALIGN elements again.
 
 Imported only inside a worker's child process (it imports triton at module level). Set
 TRITON_INTERPRET=1 before importing it to run it under the interpreter.
@@ -16,6 +23,27 @@ import triton.language as tl
 
 
 @triton.jit
+def aligned(x, ALIGN: tl.constexpr):
+    """`x` itself (the host checked that ALIGN divides it), computed as x // ALIGN * ALIGN so that
+    the compiler's divisibility analysis knows ALIGN divides it."""
+    if ALIGN > 1:
+        x = x // ALIGN * ALIGN
+    return x
+
+
+@triton.jit
+def tile_pid(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    """Grouped ordering of the output tiles: walk GROUP_SIZE_M tile-rows column by column."""
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = tile_id // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((tile_id % num_pid_in_group) % group_size_m)
+    pid_n = (tile_id % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
 def matmul_kernel(
     a_ptr, b_ptr, c_ptr,
     M, N, K,
@@ -24,7 +52,13 @@ def matmul_kernel(
     stride_cm, stride_cn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
+    ALIGN_K: tl.constexpr = 1, ALIGN_N: tl.constexpr = 1,
 ):
+    K = aligned(K, ALIGN_K)
+    stride_am = aligned(stride_am, ALIGN_K)
+    N = aligned(N, ALIGN_N)
+    stride_bk = aligned(stride_bk, ALIGN_N)
+    stride_cm = aligned(stride_cm, ALIGN_N)
     # Grouped ordering of the output tiles: walk GROUP_SIZE_M tile-rows column by column.
     pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)

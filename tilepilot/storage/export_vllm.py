@@ -17,7 +17,8 @@ the intermediate size after silu_and_mul, while the `fused_moe` family's N is th
 benchmark_moe names them. The name carries neither topk nor K (nor, for fp16/bf16, the dtype):
 two tuned problems that differ only there would share a file and are refused (narrow the export).
 Any other kernel whose problems have an M and whose configs are exactly those six parameters
-(e.g. matmul) gets the same content under
+(e.g. matmul; a matmul winner whose variant parameters say "the plain tutorial kernel",
+VARIANT=grouped SPLIT_K=1 ALIGN_HINT=False, is such a config) gets the same content under
 `kernel={kernel},{dims},device_name={device},dtype={dtype}.json`, with the problem's other fields
 as `name=value` in the problem's order: vLLM does not look this name up itself, it only keeps
 files apart.
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 
 GATED_W1 = ("fused_moe",)  # kernels whose problem N counts w1's gate and up rows (vLLM's N is half)
 VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+# Kernel-variant parameters at the values that mean vLLM's own kernel (matmul's defaults): not extra keys.
+PLAIN_KERNEL = {"VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False}
 # tilepilot dtype -> vLLM's dtype selector (None: no selector in the file name)
 _DTYPE_SELECTOR: dict[str, str | None] = {"fp16": None, "bf16": None, "fp32": "float32", "float32": "float32"}
 
@@ -78,7 +81,8 @@ def unsupported(e: ExportEntry) -> str:
         return f"its problems have no integer token count M (they have {', '.join(e.problem)})"
     if e.kernel in GATED_W1 and (not isinstance(e.problem.get("N"), int) or e.problem["N"] % 2):
         return f"its N={e.problem.get('N')!r} is not even (vLLM names the file by N/2: w1 holds gate and up rows)"
-    keys = set(e.config)
+    keys = {k for k, v in e.config.items() if k not in PLAIN_KERNEL or type(v) is not type(PLAIN_KERNEL[k])
+            or v != PLAIN_KERNEL[k]}
     if keys != set(VLLM_KEYS):
         missing, extra = sorted(set(VLLM_KEYS) - keys), sorted(keys - set(VLLM_KEYS))
         what = [f"lack {', '.join(missing)}"] if missing else []
