@@ -37,7 +37,9 @@ from tilepilot.storage.queries import best, open_db  # noqa: E402
 log = logging.getLogger("stability")
 
 GRID = {"BLOCK_SIZE_M": [64, 128, 256], "BLOCK_SIZE_N": [64, 128, 256], "BLOCK_SIZE_K": [32, 64, 128],
-        "GROUP_SIZE_M": [8], "num_warps": [4, 8], "num_stages": [3, 4, 5]}
+        "GROUP_SIZE_M": [8], "num_warps": [4, 8], "num_stages": [3, 4, 5],
+        # the plain kernel, where the family has variants: the recorded grid
+        "VARIANT": ["grouped"], "SPLIT_K": [1], "ALIGN_HINT": [False]}
 PROBLEMS = [{"M": 16, "N": 4096, "K": 4096, "dtype": "bf16"},  # ~20 µs: CUDA graphs
             {"M": 2048, "N": 2048, "K": 2048, "dtype": "bf16"},  # ~30 µs
             {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}]  # ~0.2 ms: events
@@ -48,7 +50,10 @@ SAME_WITHIN, SPREAD_TARGET = 0.005, 0.01
 def campaign_text(name: str, budget: int, seed: int) -> str:
     lines = ["[campaign]", f'name = "{name}"', 'kernel = "matmul"', 'proposer = "random"', f"budget = {budget}",
              f"seed = {seed}", "hypothesis_share = 0", "", "[space]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in GRID.items()]
+    from tilepilot.kernels.registry import get_family
+
+    names = get_family("matmul").space().names
+    lines += [f"{k} = {json.dumps(v)}" for k, v in GRID.items() if k in names]
     for p in PROBLEMS:
         lines += ["", "[[problems]]"] + [f"{k} = {json.dumps(v)}" for k, v in p.items()]
     return "\n".join(lines) + "\n"

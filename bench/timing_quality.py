@@ -45,7 +45,9 @@ from tilepilot.kernels.registry import family_names, get_family  # noqa: E402
 log = logging.getLogger("timing_quality")
 
 MATMUL_GRID = {"BLOCK_SIZE_M": [64, 128, 256], "BLOCK_SIZE_N": [64, 128, 256], "BLOCK_SIZE_K": [32, 64, 128],
-               "GROUP_SIZE_M": [8], "num_warps": [4, 8], "num_stages": [3, 4, 5]}
+               "GROUP_SIZE_M": [8], "num_warps": [4, 8], "num_stages": [3, 4, 5],
+               # the plain kernel, where the family has variants: the grid the recordings were measured on
+               "VARIANT": ["grouped"], "SPLIT_K": [1], "ALIGN_HINT": [False]}
 PROBLEMS: dict[str, list[dict[str, Any]]] = {
     "matmul": [{"M": 16, "N": 4096, "K": 4096, "dtype": "bf16"},  # ~20 µs, memory-bound: CUDA graphs
                {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}],  # ~0.2 ms, compute-bound: events
@@ -101,7 +103,7 @@ def grid(name: str, problem: Problem, max_configs: int, seed: int) -> tuple[list
     family = get_family(name)
     space = family.space()
     if name == "matmul":
-        space = space.narrowed({k: tuple(v) for k, v in MATMUL_GRID.items()})
+        space = space.narrowed({k: tuple(v) for k, v in MATMUL_GRID.items() if k in space.names})
     valid = [c for c in space if space.check(c, problem) is None]
     if len(valid) > max_configs:
         return sorted(random.Random(seed).sample(valid, max_configs), key=valid.index), len(valid)
