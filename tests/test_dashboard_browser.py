@@ -4,9 +4,12 @@ Streamlit sends the page over a websocket after the HTML has loaded, and `--dump
 `--virtual-time-budget` does not wait for those messages (it returns the loading skeleton).
 So Chromium is driven through the DevTools protocol over a pipe (`--remote-debugging-pipe`,
 no port opened) and the rendered DOM is read in real time, in the same page, while the test
-writes to the store as a campaign driver would: the page must follow without a reload.
+writes to the store as a campaign driver would: the page must follow without a reload. One test
+runs a real campaign (`tilepilot tune` on the interpret backend), pauses it as a person would,
+checks the page against the store (read through `storage.queries`), resumes it and follows it
+to its end.
 
-Without Chromium the browser tests skip, except under CI (env CI set), where they fail.
+Without Chromium the browser tests skip, except under CI (CI=true), where they fail.
 """
 
 from __future__ import annotations
@@ -164,15 +167,24 @@ def server(tmp_path: Path) -> Iterator[Server]:
         live.store.close()
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Chromium]:
+def under_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def chromium_binary() -> str:
+    """Debian's chromium; without it the test skips, or fails under CI (CI=true)."""
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     if binary is None:
         message = "Chromium is not installed (apt-get install -y chromium)"
-        if os.environ.get("CI"):
+        if under_ci():
             pytest.fail(message + ": the browser tests must run under CI")
         pytest.skip(message)
-    chromium = Chromium(binary, tmp_path / "chromium-profile")
+    return binary
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Chromium]:
+    chromium = Chromium(chromium_binary(), tmp_path / "chromium-profile")
     try:
         yield chromium
     finally:
@@ -321,6 +333,15 @@ def test_experiments_and_log_pages_list_the_store_and_follow_new_trials(server: 
     wait_for_tables(browser, log, "compile_error")
 
 
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), ("1", pytest.fail.Exception),
+                                             ("", pytest.skip.Exception), ("false", pytest.skip.Exception)])
+def test_a_missing_chromium_fails_under_ci_and_skips_elsewhere(monkeypatch, ci, outcome):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="Chromium is not installed"):
+        chromium_binary()
+
+
 def test_wait_for_reports_what_the_page_showed(browser: Chromium):
     tab = browser.open("about:blank")
     with pytest.raises(AssertionError, match="never showed"):
@@ -458,3 +479,115 @@ def test_graph_page_draws_the_store_zooms_and_opens_a_clicked_node(ledger_server
     mouse(browser, tab, node_centre(browser, tab, target), "mouseMoved", "mousePressed", "mouseReleased")
     browser.wait_for(tab, ledger.hypotheses["ruled_out"].text, "Evidence (2 pair(s): 0 support, 2 refute)",
                      "ruled out: BLOCK_SIZE_M=128 is faster in every pair")
+
+
+# -- a real campaign -------------------------------------------------------------------------------
+
+LIVE_RUN = """[campaign]
+name = "live-run"
+kernel = "matmul"
+proposer = "random"
+budget = 6
+seed = 3
+
+[[problems]]
+M = 64
+N = 48
+K = 80
+dtype = "fp16"
+
+[[problems]]
+M = 32
+N = 64
+K = 64
+dtype = "fp16"
+"""
+RUN_TIMEOUT_S = 240
+
+
+def poll(what: str, check: Any, timeout: float = RUN_TIMEOUT_S, proc: subprocess.Popen[bytes] | None = None,
+         log: Path | None = None) -> Any:
+    """Call `check` until it returns something true; fail naming `what` (and the campaign's output)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        if proc is not None and proc.poll() is not None and not check():
+            raise AssertionError(f"tilepilot tune exited with {proc.returncode} before {what}:\n"
+                                 f"{log.read_text() if log else ''}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def store_figures(db: Path) -> tuple[str, str, list[str]] | None:
+    """What the store says, through `storage.queries` (not the dashboard's own reads): the campaign's
+    state, its trials done over its budget, and each problem's best so far as the page writes it."""
+    from tilepilot.experiments import InputError
+    from tilepilot.storage import queries
+    try:
+        with queries.open_db(db) as ro:
+            found = [c for c in queries.campaigns(ro) if c.name == "live-run"]
+    except InputError:  # not created (or not migrated) yet
+        return None
+    if not found:
+        return None
+    c = found[0]
+    done = sum(min(p.counted, c.budget) for p in c.problems)
+    best = [f"best {text.ms(p.best_ms)}" for p in c.problems if p.best_ms is not None]
+    return c.state, f"{done}/{c.budget * len(c.problems)}", best
+
+
+def in_flight(db: Path) -> int:
+    from tilepilot.storage import queries
+    with queries.open_db(db) as ro:
+        return int(ro.rows("SELECT COUNT(*) AS n FROM queue WHERE state IN ('compiling', 'running')")[0]["n"])
+
+
+def settled(db: Path, quiet_s: float = 1.5) -> bool:
+    """Nothing compiles or runs, and the figures stay the same for `quiet_s`: the pause holds."""
+    before = store_figures(db)
+    if before is None or in_flight(db):
+        return False
+    time.sleep(quiet_s)
+    return store_figures(db) == before and not in_flight(db)
+
+
+@pytest.mark.slow  # Ray, the interpreter and a browser: about a minute on 2 cores
+def test_overview_follows_a_campaign_that_tilepilot_tune_runs(tmp_path: Path, browser: Chromium):
+    from tilepilot.storage import Store
+    toml, db, tune_log = tmp_path / "live.toml", tmp_path / "live.db", tmp_path / "tune.log"
+    toml.write_text(LIVE_RUN)
+    with tune_log.open("wb") as out:
+        tune = subprocess.Popen([sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "interpret",
+                                 "--db", str(db)], env=launch.child_env(), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    server = None
+    try:
+        poll("the first two trials", lambda: (f := store_figures(db)) and int(f[1].split("/")[0]) >= 2,
+             proc=tune, log=tune_log)
+        with Store(db) as person:  # a person pauses it, as `tilepilot pause` does: the page must match the store
+            person.set_control(person.get_campaign("live-run").id, "pause")  # type: ignore[union-attr]
+        poll("the pause to hold", lambda: settled(db), proc=tune, log=tune_log)
+        state, paused_at, best = store_figures(db)  # type: ignore[misc]
+        port, server_log = free_port(), tmp_path / "server.log"
+        with server_log.open("wb") as out:
+            server = launch.start(str(db), port=port, output=out)
+        wait_healthy(f"http://127.0.0.1:{port}", server, server_log)
+        tab = browser.open(f"http://127.0.0.1:{port}/")
+        browser.wait_for(tab, "live-run · running", f"Trials (done / budget)\n\n{paused_at}", *best,
+                         text.source("interpret", "cpu"))
+        browser.eval(tab, "window.__tilepilot_same_page = true")
+        with Store(db) as person:
+            person.set_control(person.get_campaign("live-run").id, "")  # type: ignore[union-attr]
+        assert tune.wait(timeout=RUN_TIMEOUT_S) == 0, tune_log.read_text()
+        state, finished_at, best = store_figures(db)  # type: ignore[misc]
+        assert state == "finished" and finished_at == "12/12" and finished_at != paused_at
+        browser.wait_for(tab, "live-run · finished", f"Trials (done / budget)\n\n{finished_at}", *best)
+        assert browser.eval(tab, "window.__tilepilot_same_page === true") is True  # followed in place
+    finally:
+        if server is not None:
+            launch.stop(server, timeout_s=15)
+        if tune.poll() is None:
+            os.killpg(tune.pid, signal.SIGTERM)
+            tune.wait(timeout=60)
