@@ -127,3 +127,23 @@ def test_ceilings_are_plausible_for_a_hopper_gpu() -> None:
     assert 1000 < c.copy_gbps < 4000 or ("H200" in c.device and 1000 < c.copy_gbps < 5000)
     assert 300 < c.matmul_tflops < 1000
     assert c.details["copy"]["rel_spread"] < 0.1 and c.details["matmul"]["rel_spread"] < 0.1
+
+
+def test_a_timing_after_an_idle_spell_wakes_the_gpu_first(timer: Any) -> None:
+    import time
+
+    x = torch.randn(1 << 20, device="cuda")
+
+    def launch() -> None:
+        x.mul_(1.0)
+
+    from tilepilot.kernels.timing import IDLE_S, TimingPlan
+
+    plan = TimingPlan(rounds=1, block_ms=0.5, flush_l2=False, time_cap_ms=2.0)
+    timer.time([[launch]], plan, lambda i: None)
+    before = timer.wakes
+    timer.time([[launch]], plan, lambda i: None)  # right after: no idle spell, no warm-up
+    assert timer.wakes == before
+    time.sleep(IDLE_S + 0.2)
+    timer.time([[launch]], plan, lambda i: None)
+    assert timer.wakes == before + 1

@@ -59,6 +59,8 @@ MAX_SAMPLES = 100  # samples in one events block
 WARMUP_LAUNCHES = 2
 ESTIMATE_LAUNCHES = 3
 SPIN_CYCLES = 200_000  # ~0.1 ms at 2 GHz
+IDLE_S = 1.0  # idle this long, a GPU has lowered its clocks
+WAKE_MS = 30.0  # busy time that brings them back before timing
 MIN_SPREAD_SAMPLES = 5  # fewer samples say too little about their spread to stop on it
 MAX_ROUNDS = 200
 SAMPLE_MS = 0.2  # GPU time of one sample: a graph replay, or a run of launches between two events
@@ -208,6 +210,17 @@ class GpuTimer:
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
         self._stream = torch.cuda.Stream()
         self._flush_buf: Any = None
+        self._last_busy = -math.inf  # monotonic time the last timing ended
+        self.wakes = 0  # warm-ups run after an idle spell
+
+    def _wake(self) -> None:
+        """A GPU idle for IDLE_S has lowered its clocks, and the first samples after it read
+        slow (3.9% on one H100 re-measurement): keep it busy for WAKE_MS before timing."""
+        if time.monotonic() - self._last_busy < IDLE_S:
+            return
+        self._torch.cuda._sleep(int(SPIN_CYCLES * WAKE_MS / 0.1))  # SPIN_CYCLES is ~0.1 ms
+        self._torch.cuda.synchronize()
+        self.wakes += 1
 
     def flush(self) -> None:
         if self._flush_buf is None:
@@ -224,6 +237,7 @@ class GpuTimer:
         tracks = [Track(list(sets), plan.flush_l2 and not (cold is not None and cold[i]))
                   for i, sets in enumerate(launches)]
         torch.cuda.synchronize()
+        self._wake()
         try:
             with torch.cuda.stream(self._stream):
                 for i, t in enumerate(tracks):
@@ -233,6 +247,7 @@ class GpuTimer:
         finally:
             for t in tracks:
                 t.graphs.clear()
+            self._last_busy = time.monotonic()
         return [summarise(t.samples, l2_flushed=plan.flush_l2, method=t.method, spread_target=plan.spread_target,
                           time_cap_ms=plan.time_cap_ms, stop_reason=t.stop, timed_ms=t.timed_ms) for t in tracks]
 
