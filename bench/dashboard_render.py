@@ -144,7 +144,7 @@ def synthetic_ms(kernel: str, problem: Problem, config: Config, device: str, rng
     c = config.as_dict()
     penalty = 1.15
     for name, value in c.items():
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             penalty *= 1 + 0.07 * abs(math.log2(value) - {"num_stages": 2, "num_warps": 2}.get(name, 6)) / 2
     return ideal * penalty * rng.lognormvariate(0, 0.08)
 
@@ -426,6 +426,68 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 3), "max": round(max(values), 3)}
 
 
+# ---- the browser -----------------------------------------------------------------------------------
+
+# text each page shows once its live part has drawn: its first figures and the last thing it writes
+CONTENT = {"overview": ("Trials (done / budget)", "Best so far vs trials", "recomputed every"),
+           "gpus": ("Utilisation", "Node node-b"), "queue": ("Running (", "Why the queue changed"),
+           "experiments": ("experiment(s), newest first", "Tried by"), "hypotheses": ("Active (", "Verdict history"),
+           "graph": ("drag to pan", "Learnings ("), "log": ("event(s), newest first",)}
+
+
+def time_browser(db: Path, repeats: int, pages: tuple[str, ...]) -> dict[str, Any]:
+    """Per page, the seconds from opening it in headless Chromium (a new tab on a running
+    `tilepilot dashboard` server) until it shows its own content (`CONTENT`): the server's work,
+    the websocket and the browser's drawing. The server starts once, and a first tab (the Log)
+    warms up the browser and the server's imports (`start_s`); then the first visit to each page
+    is `first_s` (the first page also loads every campaign's trials), later visits `again_s`.
+    Each tab is closed once measured, so that no open page polls the server meanwhile."""
+    import shutil
+
+    from tests.test_dashboard_browser import Chromium, free_port, wait_healthy
+    from tilepilot.dashboard import launch
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        raise RuntimeError("--browser needs Chromium (apt-get install -y chromium)")
+    with tempfile.TemporaryDirectory() as tmp:
+        port, server_log = free_port(), Path(tmp) / "server.log"
+        with server_log.open("wb") as sink:
+            server = launch.start(str(db), port=port, output=sink)
+        browser = None
+        try:
+            wait_healthy(f"http://127.0.0.1:{port}", server, server_log)
+            browser = Chromium(binary, Path(tmp) / "profile")
+            url = f"http://127.0.0.1:{port}/"
+            start = _visit(browser, url + "log", CONTENT["log"])
+            runs: dict[str, list[float]] = {name: [] for name in pages}
+            for _ in range(repeats):
+                for name in pages:
+                    runs[name].append(_visit(browser, url + ("" if name == "overview" else name), CONTENT[name]))
+        finally:
+            if browser is not None:
+                browser.close()
+            launch.stop(server)
+    out: dict[str, Any] = {"start_s": round(start, 3)}
+    for name, values in runs.items():
+        out[name] = {"first_s": round(values[0], 3), "again_s": _summary(values[1:] or values)}
+        log.info("%-12s browser first %.2f s  again %.2f s", name, values[0], out[name]["again_s"]["median"])
+    return out
+
+
+def _visit(browser: Any, url: str, content: tuple[str, ...]) -> float:
+    t0 = time.perf_counter()
+    target = browser.send("Target.createTarget", {"url": url})["targetId"]
+    tab = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+    while not all(c in browser.text(tab) for c in content):  # polled every 50 ms
+        if time.perf_counter() - t0 > 120:
+            raise RuntimeError(f"{url} never showed {content}")
+        time.sleep(0.05)
+    seconds = time.perf_counter() - t0
+    browser.send("Target.closeTarget", {"targetId": target})
+    return seconds
+
+
 # ---- the record ----------------------------------------------------------------------------------
 
 def machine() -> dict[str, Any]:
@@ -461,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", type=Path, help="reuse this store if it exists, else build it here")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--pages", nargs="+", default=list(PAGES), choices=PAGES)
+    parser.add_argument("--browser", action="store_true",
+                        help="also time each page in headless Chromium against a real server")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     command = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(argv)
@@ -470,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         if store_info.get("reused"):
             log.info("reusing %s (NVML samples older than 5 minutes show as no GPU)", db)
         pages = time_pages(db, args.repeats, tuple(args.pages))
+        browser = time_browser(db, args.repeats, tuple(args.pages)) if args.browser else None
     record = {
         "what": "server-side render time of each dashboard page (Streamlit AppTest: the page script and its "
                 "live fragment's first run), on a SYNTHETIC store written through the Store API",
@@ -484,6 +549,10 @@ def main(argv: list[str] | None = None) -> int:
         "pages": pages, "limit_s": 2.0,
         "within_limit": all(p[k]["max"] <= 2.0 for p in pages.values() for k in ("first_s", "refresh_s")),
     }
+    if browser is not None:
+        record["browser"] = {"what": "seconds from opening the page in headless Chromium until it shows its own "
+                                     "content (server, websocket and drawing), against `tilepilot dashboard`",
+                             "content": CONTENT, "pages": browser}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     log.info("wrote %s", args.out)

@@ -40,8 +40,8 @@ from tilepilot.experiments import canonical_json
 
 NOT_COUNTED = ("invalid",)
 RECENT = 100
-MAX_POINTS = 300  # trials drawn per problem in a convergence chart (every new best is kept)
-MAX_ROOFLINE_POINTS = 150  # results drawn per problem on the roofline (the best is kept)
+MAX_POINTS = 150  # trials drawn per problem in a convergence chart (every new best is kept)
+MAX_ROOFLINE_POINTS = 40  # results drawn per problem on the roofline (the best is kept)
 
 
 @dataclass(frozen=True)
