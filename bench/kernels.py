@@ -8,7 +8,10 @@ these arms are timed together, interleaved (A B C, B C A, ...), by the same GPU 
 campaigns use (tilepilot.kernels.timing: CUDA events, or CUDA-graph replay for short kernels;
 L2 cold or warm as the family says; rounds until a 1% spread or a 100 ms cap per arm):
 - `tuned`: the fastest config of the family's recorded full grid for that problem
-  (data/replay/FAMILY-h100.jsonl), when the grid was recorded;
+  (data/replay/FAMILY-h100.jsonl), when the grid was recorded; for matmul the fastest over all
+  shipped matmul datasets (the tutorial grid and the kernel variants' grids: the best variant);
+- matmul `tuned-grouped`: the fastest config of the tutorial grid alone (data/replay/matmul-h100.jsonl,
+  the plain grouped kernel), when the best variant is another config;
 - `default`: the config the family uses untuned (`default_config`);
 - `baseline`: the family's own baseline (`baseline_name`: cuBLAS for matmul, PyTorch's SDPA for
   attention, eager PyTorch for the others);
@@ -69,23 +72,33 @@ def shapes(kernel: str) -> list[Problem]:
     return record.problems_for(kernel, "all" if kernel == "matmul" else "issue")
 
 
-def tuned_configs(kernel: str) -> dict[str, Config]:
-    """Problem key -> the fastest config of the recorded grid."""
+def datasets(kernel: str) -> list[Path]:
+    """The shipped datasets the tuned arm picks from: matmul's all (the tutorial grid and the
+    variants' grids), another family's `default_dataset`."""
     from tilepilot.experiments import InputError
-    from tilepilot.kernels import get_family
-    from tilepilot.orchestrator.replay import default_dataset, load_dataset
+    from tilepilot.orchestrator.replay import DATA_DIR, default_dataset
 
+    if kernel == "matmul":
+        return sorted([*DATA_DIR.glob("matmul-*.jsonl"), *DATA_DIR.glob("matmul-*.jsonl.gz")])
     try:
-        path = default_dataset(kernel)
+        return [default_dataset(kernel)]
     except InputError:
-        return {}
-    ds = load_dataset(path, get_family(kernel))
-    out = {}
-    for p in ds.problems:
-        ok = [(r.median_ms, c) for c, r in ds.records(p).items() if r.median_ms is not None]
-        if ok:
-            out[p.key()] = min(ok, key=lambda x: (x[0], x[1].key()))[1]
-    return out
+        return []
+
+
+def tuned_configs(kernel: str, paths: list[Path] | None = None) -> dict[str, Config]:
+    """Problem key -> the fastest config recorded for it over the datasets (`datasets(kernel)`)."""
+    from tilepilot.kernels import get_family
+    from tilepilot.orchestrator.replay import load_dataset
+
+    best: dict[str, tuple[float, str, Config]] = {}
+    for path in datasets(kernel) if paths is None else paths:
+        ds = load_dataset(path, get_family(kernel))
+        for p in ds.problems:
+            for c, r in ds.records(p).items():
+                if r.median_ms is not None and (r.median_ms, c.key()) < best.get(p.key(), (math.inf, ""))[:2]:
+                    best[p.key()] = (r.median_ms, c.key(), c)
+    return {k: v[2] for k, v in best.items()}
 
 
 class Arms:
@@ -146,7 +159,7 @@ def _sig(x: float | None) -> float | None:
 
 
 def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: Any, target: Any,
-                  ceilings: Any) -> dict[str, Any]:
+                  ceilings: Any, grouped: Config | None = None) -> dict[str, Any]:
     import torch
 
     from tilepilot.kernels.timing import TimingPlan
@@ -154,6 +167,8 @@ def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: An
     arms = Arms(family, problem, target)
     if tuned is not None:
         arms.config("tuned", tuned)
+    if grouped is not None and grouped != tuned:
+        arms.config("tuned-grouped", grouped)
     arms.config("default", family.default_config(problem))
     if family.name == "matmul":
         for i, c in enumerate(tutorial_configs()):
@@ -237,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels = [k.strip() for k in args.families.split(",") if k.strip()]
     todo = [(k, p) for k in kernels for p in shapes(k) if (k, p.key()) not in done]
     tuned = {k: tuned_configs(k) for k in kernels}
+    grouped = tuned_configs("matmul", [ROOT / "data" / "replay" / "matmul-h100.jsonl"]) if "matmul" in kernels else {}
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"),
                              initializer=record._child_init) as pool:  # warm Triton's cache ahead
         futures = []
@@ -245,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs = []
             for p in shapes(k):
                 cs = [fam.default_config(p)] + ([tuned[k][p.key()]] if p.key() in tuned[k] else [])
+                cs += [grouped[p.key()]] if k == "matmul" and p.key() in grouped else []
                 cs += tutorial_configs() if k == "matmul" else []
                 cs += [Config.of(VLLM_FALLBACK)] if k == "silu_mul_fp8_quant" else []
                 jobs.append((p, cs))
@@ -256,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
             t0 = time.monotonic()
             fam = get_family(kernel)
-            row = bench_problem(fam, problem, tuned[kernel].get(problem.key()), timer, target, ceilings)
+            row = bench_problem(fam, problem, tuned[kernel].get(problem.key()), timer, target, ceilings,
+                                grouped.get(problem.key()) if kernel == "matmul" else None)
             report["rows"].append(row)
             last = time.monotonic() - t0
             arms = {n: a.get("median_ms") for n, a in row["arms"].items() if not n.startswith("tutorial-")}

@@ -31,6 +31,10 @@ The cuBLAS time of each problem (torch.matmul, timed the same way by Evaluator.b
 to --cublas-out: one JSON object with the device and versions and "problems" keyed by problem
 label. --log gets one entry per invocation (command, device, versions, wall time).
 
+`--variants` (matmul): each problem's grid is the kernel variants' (`variants_grid`: grouped with
+ALIGN_HINT where it applies, splitk, persistent, tma; 144 to 252 configs a problem), e.g.
+`--variants --out data/replay/matmul-variants-h100.jsonl` (gzip the file to ship it).
+
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
 interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`
 re-times 10 recorded configs per problem in a new process and compares medians.
@@ -86,15 +90,48 @@ EXTRA = ["6144x1536x4096:bf16", "3000x5000x1000:fp16", "8192x8192x8192:bf16", "5
          "8192x8192x2048:fp16", "1500x1500x1500:fp16", "768x3072x768:fp16", "16384x16384x256:bf16"]
 
 
+TILE_NAMES = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+# The matmul variants' grids (--variants), each variant's tiles as (BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps):
+# split-K small-M and wave-filling tiles, the persistent kernels the tutorial's tiles.
+SPLITK_TILES = ((16, 64, 4), (16, 128, 4), (64, 64, 4), (64, 128, 4), (128, 128, 8), (128, 256, 8))
+PERSISTENT_TILES = ((64, 128, 4), (128, 64, 4), (128, 128, 4), (128, 128, 8), (64, 256, 4), (128, 256, 8))
+
+
 def grid(kernel: str = MATMUL) -> list[Config]:
     """The recorded grid: the tutorial's 162 matmul configs, or every config of another family's space."""
     if kernel != MATMUL:
         from tilepilot.kernels import get_family
 
         return list(get_family(kernel).space())
-    names = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
     values = ([64, 128, 256], [64, 128, 256], [32, 64, 128], [8], [4, 8], [3, 4, 5])
-    return [Config.of(dict(zip(names, v, strict=True))) for v in itertools.product(*values)]
+    return [Config.of(dict(zip(TILE_NAMES, v, strict=True))) for v in itertools.product(*values)]
+
+
+def variants_grid(problem: Problem) -> list[Config]:
+    """The matmul variants' grid for one problem (`--variants`), ALIGN_HINT on wherever it says
+    something (K or N even but no multiple of 16), off elsewhere:
+    - grouped with ALIGN_HINT (only where it applies; the plain grouped grid is `grid()`):
+      BLOCK_SIZE_M, BLOCK_SIZE_N in {64,128,256}, BLOCK_SIZE_K in {32,64,128}, warps {4,8}, stages {3,4} (108);
+    - splitk: SPLITK_TILES × BLOCK_SIZE_K {64,128} × stages {3,4} × SPLIT_K {2,4,8} (72);
+    - persistent and tma: PERSISTENT_TILES × BLOCK_SIZE_K {32,64,128} × stages {3,4} (36 each; tma
+      without ALIGN_HINT, it has no pointer loads).
+    GROUP_SIZE_M=8 throughout. Configs a constraint refuses are recorded as invalid with the reason."""
+    from tilepilot.kernels.matmul import alignments
+
+    def config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
+        return Config.of({**dict(zip(TILE_NAMES, (bm, bn, bk, 8, w, s), strict=True)),
+                          "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False, **variant})
+
+    hint = alignments(problem, config(64, 64, 64, 4, 3, ALIGN_HINT=True)) != (1, 1)
+    out = [config(bm, bn, bk, w, s, ALIGN_HINT=True)
+           for bm, bn, bk, w, s in itertools.product([64, 128, 256], [64, 128, 256], [32, 64, 128], [4, 8], [3, 4])
+           ] if hint else []
+    out += [config(bm, bn, bk, w, s, VARIANT="splitk", SPLIT_K=k, ALIGN_HINT=hint)
+            for (bm, bn, w), bk, s, k in itertools.product(SPLITK_TILES, [64, 128], [3, 4], [2, 4, 8])]
+    for variant, hinted in (("persistent", hint), ("tma", False)):
+        out += [config(bm, bn, bk, w, s, VARIANT=variant, ALIGN_HINT=hinted)
+                for (bm, bn, w), bk, s in itertools.product(PERSISTENT_TILES, [32, 64, 128], [3, 4])]
+    return out
 
 
 def parse_problem(spec: str) -> Problem:
@@ -217,7 +254,11 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     kernel = args.kernel
     problems = problems_for(kernel, args.problems)
     configs_all = grid(kernel)
-    todo = [(p, [c for c in configs_all if (p.key(), c.key()) not in done]) for p in problems]
+
+    def configs_of(p: Problem) -> list[Config]:
+        return variants_grid(p) if args.variants else configs_all
+
+    todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
     todo = [(p, cs) for p, cs in todo if cs]
     ev = Evaluator("gpu", input_sets=3, seed=args.seed, rounds=args.rounds, block_ms=args.block_ms,
                    spread_target=args.spread_target, time_cap_ms=args.time_cap_ms)
@@ -442,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="baseline times; default bench/results/matmul-h100-cublas.json for matmul, "
                         "bench/results/KERNEL-h100-baseline.json otherwise")
     p.add_argument("--log", help="default bench/results/record-KERNEL-h100.json")
+    p.add_argument("--variants", action="store_true",
+                   help="matmul: record the variants' grid (variants_grid) instead of the tutorial's 162 configs")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

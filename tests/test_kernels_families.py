@@ -1,5 +1,6 @@
-"""Contract tests for every registered kernel family but the matmul ones, plus the example user
-family in campaigns/my_kernel (registered from outside tilepilot).
+"""Contract tests for every registered kernel family but the matmul_faults test family, plus the
+example user family in campaigns/my_kernel (registered from outside tilepilot). Each matmul
+variant on its own: tests/test_kernels_matmul_variants.py.
 
 In this process (no torch, no triton): problems, the space and its constraints, the default
 config, the work model. In child processes under the Triton interpreter (TRITON_INTERPRET=1
@@ -36,7 +37,7 @@ from tilepilot.kernels.base import KernelFamily
 REPO = Path(__file__).resolve().parents[1]
 USER_FAMILY = "my_scaled_add"
 USER_ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'campaigns'}", "TILEPILOT_KERNEL_MODULES": "my_kernel"}
-MATMUL_SPECIFIC = ("matmul", "matmul_faults")
+MATMUL_SPECIFIC = ("matmul_faults",)
 
 
 def attn(b: int, h: int, s: int, d: int, causal: bool, dtype: str) -> dict[str, Any]:
@@ -75,7 +76,19 @@ class Case:
     operands_are_the_work: bool = True  # False: work bytes count only what is read (fused_moe: experts hit)
 
 
+def mm(m: int, n: int, k: int, dtype: str) -> dict[str, Any]:
+    return {"M": m, "N": n, "K": k, "dtype": dtype}
+
+
 CASES = {
+    "matmul": Case(
+        (mm(33, 47, 65, "fp16"), mm(1, 48, 100, "fp16")),  # ragged: M=1, no block multiple, K even but unaligned
+        (mm(4096, 4096, 4096, "bf16"), mm(3000, 5000, 1000, "fp16"), mm(1, 4096, 4096, "bf16")),
+        ((mm(1, 1, 1, "fp32"), r"dtype='fp32' is not one of \{{bf16, fp16\}}"),
+         (mm(0, 1, 1, "bf16"), r"M=0 is not a positive integer up to 65536"),
+         ({"N": 1, "K": 1, "dtype": "bf16"}, r"{name} problem is missing M"),
+         ({**mm(1, 1, 1, "bf16"), "batch": 2}, r"unknown {name} problem key 'batch' \(allowed: M, N, K, dtype\)"),
+         (mm(65536, 65536, 16, "bf16"), r"C \(M×N\) has 4294967296 elements"))),
     "attention": Case(
         (attn(1, 2, 100, 64, False, "fp16"), attn(1, 2, 100, 64, True, "fp16"),  # ragged: 100 is no block multiple
          attn(2, 1, 45, 128, True, "fp16")),
@@ -385,6 +398,11 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                    "num_stages": 4},
                   {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 4,
                    "num_stages": 4}]])
+    tile = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 4,
+            "num_stages": 3}
+    jobs.append(["matmul", mm(3000, 5000, 1000, "fp16"),
+                 [{**tile, "VARIANT": "splitk", "SPLIT_K": 2, "ALIGN_HINT": True},
+                  {**tile, "VARIANT": "tma", "SPLIT_K": 1, "ALIGN_HINT": False}]])
     jobs.append([USER_FAMILY, {"n": 2**20, "dtype": "fp16"}, []])
     env = {**USER_ENV, "CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
     result: dict[str, Any] = run_child(COMPILE_CHILD, json.dumps(jobs), env=env)

@@ -1,0 +1,226 @@
+"""The matmul variants (grouped, splitk, persistent, tma; ALIGN_HINT) without a GPU.
+
+Under the Triton interpreter, in a child process (TRITON_INTERPRET=1 is set by the Evaluator
+before any kernel is imported; fp16 only): every variant is correct on ragged shapes, M=1 and
+an unaligned K included, through the Evaluator (outputs poisoned with NaN before each checked
+launch); a planted wrong output is `wrong_result` for every variant; an invalid variant config is
+never launched; the persistent kernels run with fewer programs than tiles, so each loops; split-K
+gives the same bits on every run. In a child with no GPU: every variant compiles ahead of time
+for sm_90 (split-K with its reduction), TMA becomes bulk tensor copies, ALIGN_HINT turns the
+element-wise loads of an unaligned problem into 16-byte asynchronous copies, and TMA for a
+pre-Hopper target is a `compile_error` that says why. bf16 and the timings: tests/test_kernels_matmul_gpu.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 2, "num_warps": 4,
+         "num_stages": 2}
+VARIANTS = [  # (VARIANT, SPLIT_K, ALIGN_HINT)
+    ("grouped", 1, False), ("grouped", 1, True), ("splitk", 2, False), ("splitk", 4, True),
+    ("persistent", 1, False), ("persistent", 1, True), ("tma", 1, False)]
+# ragged: M=1; K=72 and N=40 even but no multiple of 16 (ALIGN 8); K=100 (ALIGN 4) with N=48;
+# everything odd (no hint possible, no TMA)
+PROBLEMS = [{"M": 33, "N": 40, "K": 72, "dtype": "fp16"}, {"M": 1, "N": 48, "K": 100, "dtype": "fp16"},
+            {"M": 50, "N": 45, "K": 67, "dtype": "fp16"}]
+
+
+def run_child(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full_env.pop("TRITON_INTERPRET", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "child.py"
+        script.write_text(textwrap.dedent(code))
+        proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=full_env,
+                              timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+INTERPRETER_CHILD = """
+import json, sys
+import torch
+from tilepilot.experiments import Config
+from tilepilot.kernels import get_family, register
+from tilepilot.kernels.evaluate import Evaluator
+
+small, variants, raws = (json.loads(a) for a in sys.argv[1:4])
+ev = Evaluator("interpret", input_sets=2, seed=3)  # TRITON_INTERPRET=1 before any kernel import
+family = get_family("matmul")
+
+
+class LastRowZeroed(type(family)):
+    name = "test_matmul_last_row_zeroed"
+    def launcher(self, problem, config, inputs, out, compiled):
+        run = super().launcher(problem, config, inputs, out, compiled)
+        def buggy():
+            run()
+            out[-1, :] = 0
+        return buggy
+
+
+register(LastRowZeroed)
+report = []
+for raw in raws:
+    p = family.parse_problem(raw)
+    configs = [Config.of({**small, "VARIANT": v, "SPLIT_K": s, "ALIGN_HINT": h}) for v, s, h in variants]
+    results = ev.evaluate("matmul", p, configs)
+    wrong = ev.evaluate("test_matmul_last_row_zeroed", p, [c for c, r in zip(configs, results)
+                                                           if r.status.value == "ok"])
+    inputs = family.make_inputs(p, 7, "cpu")
+    runs = []
+    for _ in range(2):
+        out = family.make_output(p, inputs).fill_(float("nan"))
+        family.launcher(p, Config.of({**small, "VARIANT": "splitk", "SPLIT_K": 2}), inputs, out, None)()
+        runs.append(out)
+    report.append({
+        "label": p.label(), "tolerance": family.tolerance(p),
+        "results": [[c["VARIANT"], c["SPLIT_K"], c["ALIGN_HINT"], r.status.value, r.max_rel_err, r.message,
+                     r.timing.method if r.timing else None] for c, r in zip(configs, results)],
+        "wrong": [[r.config["VARIANT"], r.status.value, r.message] for r in wrong],
+        "splitk_same_bits": bool(torch.equal(runs[0], runs[1])),
+        "tiles": -(-p["M"] // small["BLOCK_SIZE_M"]) * -(-p["N"] // small["BLOCK_SIZE_N"]),
+    })
+from tilepilot.kernels.matmul import INTERPRETER_PROGRAMS, _programs
+report.append({"programs": _programs(torch.empty(1)), "interpreter_programs": INTERPRETER_PROGRAMS})
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = run_child(INTERPRETER_CHILD, json.dumps(SMALL), json.dumps(VARIANTS),
+                                             json.dumps(PROBLEMS))
+    return result
+
+
+def test_every_variant_is_correct_on_ragged_shapes_under_the_interpreter(interpreted: list[dict[str, Any]]) -> None:
+    ran = set()
+    for problem in interpreted[:-1]:
+        for variant, split, hint, status, err, message, method in problem["results"]:
+            if status == "invalid":
+                continue
+            assert (status, message, method) == ("ok", "", "cpu-wallclock"), (problem["label"], variant, message)
+            assert 0 <= err < problem["tolerance"], (problem["label"], variant, err)
+            ran.add((variant, split, hint))
+    assert ran == {tuple(v) for v in VARIANTS}  # each variant ran somewhere
+
+
+def outcomes(interpreted: list[dict[str, Any]], label: str) -> dict[tuple[str, int, bool], tuple[str, str]]:
+    [problem] = [p for p in interpreted[:-1] if p["label"] == label]
+    return {(v, s, h): (status, message) for v, s, h, status, _, message, _ in problem["results"]}
+
+
+def test_invalid_variant_configs_are_refused_with_the_reason(interpreted: list[dict[str, Any]]) -> None:
+    odd = outcomes(interpreted, "M=50 N=45 K=67 fp16")
+    assert odd[("tma", 1, False)] == ("invalid", "VARIANT=tma needs rows of a multiple of 16 bytes: fp16 rows of "
+                                                 "K=67 and N=45 elements are not")
+    assert odd[("grouped", 1, True)][0] == "invalid" and "nothing to assert" in odd[("grouped", 1, True)][1]
+    short = outcomes(interpreted, "M=33 N=40 K=72 fp16")
+    assert short[("splitk", 4, True)] == ("invalid", "SPLIT_K=4 leaves a split without work: K=72 is 5 block(s) of "
+                                                     "BLOCK_SIZE_K=16")
+
+
+def test_planted_wrong_output_is_wrong_result_for_every_variant(interpreted: list[dict[str, Any]]) -> None:
+    for problem in interpreted[:-1]:
+        assert problem["wrong"], problem["label"]
+        for variant, status, message in problem["wrong"]:
+            assert status == "wrong_result" and message.startswith("relative error"), (problem["label"], variant)
+
+
+def test_persistent_kernels_loop_with_fewer_programs_than_tiles(interpreted: list[dict[str, Any]]) -> None:
+    programs = interpreted[-1]["programs"]
+    assert programs == interpreted[-1]["interpreter_programs"]
+    assert any(p["tiles"] > programs for p in interpreted[:-1])
+
+
+def test_splitk_gives_the_same_bits_on_every_run(interpreted: list[dict[str, Any]]) -> None:
+    assert all(p["splitk_same_bits"] for p in interpreted[:-1])
+
+
+COMPILE_CHILD = """
+import json, re, sys
+from tilepilot.experiments import Config
+from tilepilot.kernels import get_family
+from tilepilot.kernels.base import Target
+from tilepilot.kernels.evaluate import compile_config
+
+family = get_family("matmul")
+base = json.loads(sys.argv[1])
+out = {"compile": [], "ptx": {}}
+for raw, variant, split, hint in json.loads(sys.argv[2]):
+    p = family.parse_problem(raw)
+    c = Config.of({**base, "VARIANT": variant, "SPLIT_K": split, "ALIGN_HINT": hint})
+    o = compile_config("matmul", p, c, Target())
+    out["compile"].append([p.label(), variant, split, hint, o.status.value, o.message, o.shared_bytes])
+    if o.status.value == "ok":
+        k = family.compile(p, c, Target())
+        ops = {}
+        for ptx in [k.asm["ptx"]] + ([k.reduce.asm["ptx"]] if variant == "splitk" else []):
+            for m in re.finditer(r"^\\s*(?:@%p\\d+\\s+)?((?:ld|st|cp)\\.[\\w:.]+)", ptx, re.M):
+                ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+        out["ptx"][f"{p.label()} {variant} {split} {hint}"] = ops
+o = compile_config("matmul", family.parse_problem(json.loads(sys.argv[2])[0][0]),
+                   Config.of({**base, "VARIANT": "tma"}), Target(arch=80, max_shared_bytes=166912))
+out["tma_sm80"] = [o.status.value, o.message]
+print(json.dumps(out))
+"""
+
+BIG = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 4,
+       "num_stages": 3}
+UNALIGNED = {"M": 3000, "N": 5000, "K": 1000, "dtype": "fp16"}
+ALIGNED = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
+COMPILE_JOBS = [[UNALIGNED, "grouped", 1, False], [UNALIGNED, "grouped", 1, True], [UNALIGNED, "splitk", 2, True],
+                [UNALIGNED, "persistent", 1, True], [UNALIGNED, "tma", 1, False], [ALIGNED, "splitk", 4, False],
+                [ALIGNED, "persistent", 1, False], [ALIGNED, "tma", 1, False]]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    env = {"CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
+    result: dict[str, Any] = run_child(COMPILE_CHILD, json.dumps(BIG), json.dumps(COMPILE_JOBS), env=env)
+    return result
+
+
+def test_every_variant_compiles_ahead_of_time_for_sm90_without_a_gpu(compiled: dict[str, Any]) -> None:
+    assert len(compiled["compile"]) == len(COMPILE_JOBS)
+    for label, variant, split, hint, status, message, shared in compiled["compile"]:
+        assert (status, message) == ("ok", ""), (label, variant, split, hint)
+        assert 0 < shared <= 232448
+
+
+def test_tma_variant_loads_and_stores_through_bulk_tensor_copies(compiled: dict[str, Any]) -> None:
+    for label in ("M=3000 N=5000 K=1000 fp16 tma 1 False", "M=4096 N=4096 K=4096 bf16 tma 1 False"):
+        ops = compiled["ptx"][label]
+        assert any(op.startswith("cp.async.bulk.tensor") for op in ops), (label, ops)
+        assert not any(op.startswith("ld.global") for op in ops), (label, ops)
+
+
+def test_align_hint_turns_element_loads_into_16_byte_async_copies(compiled: dict[str, Any]) -> None:
+    plain = compiled["ptx"]["M=3000 N=5000 K=1000 fp16 grouped 1 False"]
+    hinted = compiled["ptx"]["M=3000 N=5000 K=1000 fp16 grouped 1 True"]
+    assert plain.get("ld.global.b16", 0) > 0 and plain.get("st.global.b16", 0) > 0  # one element at a time
+    assert "cp.async.cg.shared.global" in hinted and not any(op.startswith("ld.global") for op in hinted)
+    assert hinted.get("st.global.v4.b32", 0) > 0 and "st.global.b16" not in hinted  # 16-byte stores of C
+
+
+def test_splitk_compiles_its_reduction_too(compiled: dict[str, Any]) -> None:
+    ops = compiled["ptx"]["M=4096 N=4096 K=4096 bf16 splitk 4 False"]
+    assert any(op.startswith("ld.global.v4") for op in ops)  # the reduction reads the fp32 partials as vectors
+
+
+def test_tma_for_a_pre_hopper_target_is_a_compile_error_that_says_why(compiled: dict[str, Any]) -> None:
+    status, message = compiled["tma_sm80"]
+    assert status == "compile_error"
+    assert "VARIANT=tma needs TMA (cuda sm_90 or later); the target is cuda sm_80" in message
