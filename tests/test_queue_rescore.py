@@ -111,11 +111,12 @@ def test_rules_score_follows_its_results_and_changes_nothing_it_proposes():
     space = get_family("matmul").space().narrowed({k: list(v) for k, v in GRID.items()})
     ctx = ProposerContext("matmul", P, space, seed=0, budget=16)
     scored, plain = RulesProposer(ctx), RulesProposer(ctx)
-    queued = [cfg(bm=128, bn=128, stages=3), cfg(), cfg(bn=128, bk=64)]
+    queued = [space.parse(c.as_dict()) for c in (cfg(bm=128, bn=128, stages=3), cfg(), cfg(bn=128, bk=64))]
     before = scored.score(queued)
     assert all(ms is not None and "rules predicts" in why and "nothing measured yet" in why for ms, why in before)
     ms = 0.5
-    done = Result(P, cfg(bm=128), Status.OK, ENV, timing=Timing(ms, ms, ms, ms, 10, True, "replay"))
+    done = Result(P, space.parse(cfg(bm=128).as_dict()), Status.OK, ENV,
+                  timing=Timing(ms, ms, ms, ms, 10, True, "replay"))
     for p in (scored, plain):
         p.observe([done])
     after = scored.score(queued)

@@ -287,10 +287,17 @@ def _problem(kernel: str, fields: dict[str, Any], where: str) -> Problem:
 
 
 def _config(kernel: str, raw: Mapping[str, Any], where: str) -> Config:
+    """The config as the family's space writes it (parameters the file lacks at their defaults,
+    e.g. matmul's VARIANT=grouped for a vLLM file), or as given where the space does not take it."""
+    from tilepilot.kernels.registry import get_family
+
     for k, v in raw.items():
         if isinstance(v, bool) or not isinstance(v, int | float | str):
             raise InputError(f"{where}: config value {k}={v!r:.40} is not a number or text")
-    return Config.of(dict(raw))
+    try:
+        return get_family(kernel).space().parse(dict(raw))
+    except InputError:
+        return Config.of(dict(raw))
 
 
 def _in_space(kernel: str, config: Config) -> bool:
