@@ -25,8 +25,11 @@ the input sets for a verified config, the failing one's for `wrong_result`; inf 
 had NaN or inf.
 
 A sticky CUDA error raises StickyCudaError(index, message): the caller records `crashed` for
-that config and replaces the process. torch.cuda.OutOfMemoryError is `oom` (memory freed, the
-batch goes on). Any other exception is a bug and raises.
+that config and replaces the process. Out of memory (failures.py) is `oom`, whether it comes while
+making a problem's inputs (every config of the batch), preparing or verifying one config (that
+config) or timing (the configs being timed): the cached problems but the newest are dropped,
+cached GPU memory is returned, and the batch goes on in the same process. Triton's
+OutOfResources is `out_of_resources`, not `oom`. Any other exception is a bug and raises.
 
 Under the interpreter (backend "interpret": TRITON_INTERPRET=1 is set before any kernel module
 is imported; fp16 only, bf16 is refused) kernels launch through the JIT on the CPU and are
@@ -277,7 +280,16 @@ class Evaluator:
             outcomes.append(self._prepare(i, family, problem, config, data))
         verified = [o for o in outcomes if isinstance(o, _Verified)]
         plan = dataclasses.replace(plan, flush_l2=family.l2_flush)
-        timings, copies = self._time(family, problem, data, verified, configs, plan, on_start)
+        try:
+            timings, copies = self._time(family, problem, data, verified, configs, plan, on_start)
+        except Exception as e:
+            if failures.launch_failure(e) is not Status.OOM:
+                raise
+            self._free()
+            outcomes = [self._failed(problem, configs[o.index], Status.OOM, f"while timing: {failures.one_line(e)}",
+                                     max_rel_err=o.max_rel_err, compile_ms=o.compile_ms, extra=o.extra)
+                        if isinstance(o, _Verified) else o for o in outcomes]
+            timings, copies = {}, 0
         tele = telemetry.result_telemetry(self.gpu_uuid())
         work = family.work(problem)
         measured = {"work_flops": work.flops, "work_bytes": work.bytes, **({"cold_copies": copies} if copies else {})}

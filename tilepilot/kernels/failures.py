@@ -3,7 +3,9 @@
 Compile: Triton's CompilationError, ptxas failures and MLIR pass failures are `compile_error`;
 a Triton without a backend for the target is BackendUnavailable (the machine's fault, not the
 config's). Launch: Triton's OutOfResources and CUDA's "too many resources requested" are
-`out_of_resources`; torch.cuda.OutOfMemoryError is `oom`; an illegal or misaligned address, a
+`out_of_resources` (never `oom`: a config asking more of a block than the SM has is the
+config's own limit); torch.cuda.OutOfMemoryError (torch.OutOfMemoryError), and a CUDA "out of
+memory" error raised as a plain RuntimeError (Triton's driver calls), are `oom`; an illegal or misaligned address, a
 launch failure, an illegal instruction, ... leave the CUDA context unusable ("sticky"). Anything
 else is not classified: the caller lets it raise.
 """
@@ -20,6 +22,7 @@ STICKY_MARKERS = (
     "cuda_error_invalid_pc", "cuda_error_assert", "cuda_error_launch_timeout", "unrecoverable",
 )
 RESOURCE_MARKERS = ("too many resources requested", "out of resources", "cuda_error_launch_out_of_resources")
+OOM_MARKERS = ("out of memory", "cuda_error_out_of_memory")
 PASS_FAILURE_MARKERS = ("passmanager::run failed", "ptxas", "failed to legalize", "llvm error")
 NO_BACKEND_MARKERS = ("compatible backends for target",)
 
@@ -46,8 +49,13 @@ def launch_failure(e: BaseException) -> Status | None:
         return Status.OUT_OF_RESOURCES
     if isinstance(e, torch.cuda.OutOfMemoryError):
         return Status.OOM
-    if isinstance(e, RuntimeError) and not is_sticky(e) and any(m in str(e).lower() for m in RESOURCE_MARKERS):
+    if not isinstance(e, RuntimeError) or is_sticky(e):
+        return None
+    text = str(e).lower()
+    if any(m in text for m in RESOURCE_MARKERS):
         return Status.OUT_OF_RESOURCES
+    if any(m in text for m in OOM_MARKERS):
+        return Status.OOM
     return None
 
 

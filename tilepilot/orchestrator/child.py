@@ -15,7 +15,14 @@ for the compiler). Over one Pipe:
   step (verification, a timed block), then ("done", payload);
 - a sticky CUDA error: ("sticky", i, message), then the child exits (a poisoned CUDA context
   never recovers);
-- any other exception: ("error", exception or None, text), and the child stays up.
+- any other exception: ("error", exception or None, text), and the child stays up;
+- ("health",): a small computation on the child's device (a matmul, synchronised), answered
+  ("done", value): a worker asks it after a config killed two children, to tell a poison
+  config (the fresh child answers) from a failing device (it dies too).
+
+Fault injection (for tests of the worker's quarantine, never set in a real campaign): a Child
+made with `fault="die"` exits with INJECTED_EXIT_CODE on every request but "stop", as the
+process of a failing GPU would; the worker sets it for the ids listed in TILEPILOT_FAULT_WORKERS.
 
 Everything sent pickles: Results, Checks, Timings, DeviceCeilings and CompileOutcomes are frozen
 dataclasses.
@@ -53,6 +60,8 @@ ROLE_ENV: dict[str, dict[str, str | None]] = {
     "compile": {"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": ""},
 }
 STICKY_EXIT_CODE = 1
+INJECTED_EXIT_CODE = 5
+FAULTS = ("die",)
 PARENT_GONE_EXIT_CODE = 4
 PARENT_POLL_S = 1.0
 KILL_WAIT_S = 30.0
@@ -120,11 +129,14 @@ class Child:
     Evaluator's input_sets, seed, rounds, block_ms, spread_target, time_cap_ms).
     """
 
-    def __init__(self, role: str, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, role: str, options: Mapping[str, Any] | None = None, *, fault: str | None = None) -> None:
         if role not in ROLES:
             raise ValueError(f"unknown child role {role!r} (allowed: {', '.join(ROLES)})")
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"unknown injected fault {fault!r} (allowed: {', '.join(FAULTS)})")
         self.role = role
         self.options = dict(options or {})
+        self.fault = fault
         self.running: int | None = None  # index of the config of the current request running now
         self._proc: Any = None
         self._conn: Connection | None = None
@@ -155,7 +167,7 @@ class Child:
         ctx = mp.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe()
         with _environment(ROLE_ENV[self.role]):
-            self._proc = ctx.Process(target=main, args=(child_conn, self.role, self.options),
+            self._proc = ctx.Process(target=main, args=(child_conn, self.role, self.options, self.fault),
                                      name=f"tilepilot-{self.role}", daemon=True)
             self._proc.start()
         child_conn.close()
@@ -276,7 +288,7 @@ def _set_env(key: str, value: str | None) -> None:
 
 
 # ---- child side -------------------------------------------------------------------------------
-def main(conn: Connection, role: str, options: Mapping[str, Any]) -> None:
+def main(conn: Connection, role: str, options: Mapping[str, Any], fault: str | None = None) -> None:
     """Entry point of the spawned process."""
     _exit_with_parent(os.getppid())
     try:
@@ -286,10 +298,10 @@ def main(conn: Connection, role: str, options: Mapping[str, Any]) -> None:
         conn.send(("error", *_portable(e)))
         return
     conn.send(("ready", info))
-    _serve(conn, server)
+    _serve(conn, server, fault)
 
 
-def _serve(conn: Connection, server: _EvalServer | _CompileServer) -> None:
+def _serve(conn: Connection, server: _EvalServer | _CompileServer, fault: str | None = None) -> None:
     from tilepilot.kernels.evaluate import StickyCudaError
 
     def on_start(i: int) -> None:
@@ -302,6 +314,8 @@ def _serve(conn: Connection, server: _EvalServer | _CompileServer) -> None:
             return
         if request[0] == "stop":
             return
+        if fault == "die":
+            os._exit(INJECTED_EXIT_CODE)
         try:
             payload = server.handle(request[0], request[1:], on_start)
         except StickyCudaError as e:
@@ -341,9 +355,19 @@ class _EvalServer:
             return ev.baseline(*args)
         if op == "ceilings":
             return ev.ceilings()
+        if op == "health":
+            return _health(ev.backend)
         if op == "info":
             return self.info()
         raise ValueError(f"unknown request {op!r} for an evaluating child")
+
+
+def _health(backend: str) -> float:
+    """A 64x64 matmul on the child's device, synchronised by reading the sum back (4096 * 64)."""
+    import torch
+
+    x = torch.ones(64, 64, device="cuda" if backend == "gpu" else "cpu")
+    return float((x @ x).sum().item())
 
 
 class _CompileServer:

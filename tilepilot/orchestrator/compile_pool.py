@@ -13,10 +13,17 @@ GPUs), as many per node as the node has CPUs left after its GPU workers' `num_cp
 each compile to every such node, since each node's GPU workers read their own local cache.
 It never sends the same compile twice at once (racing first compiles of one cache key can
 yield a wrong kernel: LIBRARIES.md).
+
+Shared (campaigns on one cluster, see ray_executor.py): the compile workers are named actors
+that every campaign's pool finds, and a compile goes to the worker its cache key hashes to, so
+two campaigns never compile one key at once either (a compile worker does one at a time).
+`heal()`, after a compile was lost with its worker or node, drops the workers of nodes that are
+gone and replaces those that died on live ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,11 +37,14 @@ from tilepilot.kernels.base import Target
 from tilepilot.kernels.evaluate import CompileOutcome
 from tilepilot.kernels.registry import get_family
 from tilepilot.orchestrator.child import Child, ChildError, Died, Done, Failed, TimedOut, describe_exit
+from tilepilot.orchestrator.executor import NoWorkerLeft
+from tilepilot.orchestrator.ray_runtime import LOST, NAMESPACE
 from tilepilot.orchestrator.worker import GPU_WORKER_CPUS, STARTUP_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
 COMPILE_TIMEOUT_S = 120.0
+PROBE_S = 10.0  # heal(): a compile worker that does not answer this soon is busy, not dead
 COMPILE_ENV = {"CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -107,8 +117,12 @@ class CompilePool:
     """
 
     def __init__(self, *, per_node: int | None = None, timeout_s: float = COMPILE_TIMEOUT_S,
-                 gpu_worker_cpus: float = GPU_WORKER_CPUS, env: Mapping[str, str] | None = None) -> None:
+                 gpu_worker_cpus: float = GPU_WORKER_CPUS, env: Mapping[str, str] | None = None,
+                 shared: bool = False) -> None:
         runtime_env = {"env_vars": {**(env or {}), **COMPILE_ENV}}
+        self.shared = shared
+        self._timeout_s = timeout_s
+        self._node_options: dict[str, dict[str, Any]] = {}
         self.workers: dict[str, list[Any]] = {}
         for node_id, cpus, gpus in _compile_nodes():
             n = per_node if per_node is not None else int(cpus - gpus * gpu_worker_cpus)
@@ -117,8 +131,8 @@ class CompilePool:
             if n < 1:
                 log.warning("node %s has no CPU left for compiling; one compile worker shares its CPUs", node_id)
                 n, options["num_cpus"] = 1, 0
-            self.workers[node_id] = [CompileWorker.options(**options).remote(timeout_s=timeout_s)
-                                     for _ in range(n)]
+            self._node_options[node_id] = options
+            self.workers[node_id] = [self._start(node_id, i) for i in range(n)]
         self._load: dict[Any, int] = {w: 0 for ws in self.workers.values() for w in ws}
         self._inflight: dict[Any, Any] = {}  # actor ref -> its worker
         self._by_key: dict[tuple[str, ...], tuple[Any, list[Any]]] = {}  # key -> (returned ref, actor refs)
@@ -139,7 +153,7 @@ class CompilePool:
             return self._by_key[key][0]
         refs = []
         for workers in self.workers.values():
-            worker = min(workers, key=lambda w: self._load[w])
+            worker = self._pick(workers, key)
             ref = worker.compile.remote(kernel, problem, config, target)
             self._load[worker] += 1
             self._inflight[ref] = worker
@@ -148,12 +162,59 @@ class CompilePool:
         self._by_key[key] = (ref, refs)
         return ref
 
+    def heal(self) -> None:
+        """Drop the workers of nodes that are gone; replace those that died on live nodes.
+
+        Raises NoWorkerLeft when no node is left to compile on."""
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        for node_id in list(self.workers):
+            if node_id not in alive:
+                log.warning("node %s is gone: its %d compile worker(s) are dropped", node_id,
+                            len(self.workers[node_id]))
+                for worker in self.workers.pop(node_id):
+                    self._forget(worker)
+                continue
+        probes = {w.info.remote(): (node_id, i) for node_id, ws in self.workers.items() for i, w in enumerate(ws)}
+        done, _ = ray.wait(list(probes), num_returns=len(probes), timeout=PROBE_S) if probes else ([], [])
+        for ref in done:  # one that does not answer in time is busy compiling, not dead
+            node_id, i = probes[ref]
+            try:
+                ray.get(ref)
+                continue
+            except LOST:
+                pass
+            self._forget(self.workers[node_id][i])
+            self.workers[node_id][i] = fresh = self._start(node_id, i)
+            self._load[fresh] = 0
+            log.warning("compile worker %d of node %s was lost; a new one replaces it", i, node_id)
+        if not self._load:
+            raise NoWorkerLeft("no compile worker left: every node the compile pool used is gone")
+
     def close(self) -> None:
-        for worker in self._load:
-            ray.kill(worker)
+        if not self.shared:  # shared workers end with the campaign that started them
+            for worker in self._load:
+                ray.kill(worker)
         self._load.clear()
         self._inflight.clear()
         self._by_key.clear()
+
+    def _start(self, node_id: str, index: int) -> Any:
+        options = dict(self._node_options[node_id])
+        if self.shared:
+            options |= {"name": f"tilepilot-compile-{node_id[:16]}-{index}", "namespace": NAMESPACE,
+                        "get_if_exists": True}
+        return CompileWorker.options(**options).remote(timeout_s=self._timeout_s)
+
+    def _pick(self, workers: list[Any], key: tuple[str, ...]) -> Any:
+        """The least loaded worker; shared, the one the cache key hashes to (see the module docstring)."""
+        if not self.shared:
+            return min(workers, key=lambda w: self._load[w])
+        digest = hashlib.sha256(repr(key).encode()).digest()
+        return workers[int.from_bytes(digest[:8], "big") % len(workers)]
+
+    def _forget(self, worker: Any) -> None:
+        self._load.pop(worker, None)
+        self._inflight = {r: w for r, w in self._inflight.items() if w is not worker}
 
     def _prune(self) -> None:
         """Forget compiles that have finished: their workers are free, their keys may go again."""

@@ -160,7 +160,10 @@ class Driver:
             if not held:
                 self._fill()
                 self._dispatch()
-            self._collect(timeout_s=0.2)
+            try:
+                self._collect(timeout_s=0.2)
+            finally:  # a quarantine that ends the campaign is logged before it raises
+                self._log_executor_events()
             self.hypotheses.after_results()
             self._rescore()
             self._sample()
@@ -170,6 +173,7 @@ class Driver:
                 time.sleep(IDLE_S)
         self.hypotheses.finish()
         winners = [w for w in (self._declare(run) for run in self.runs.values()) if w]
+        self._log_executor_events()
         for run in self.runs.values():
             run.proposer.close()
             self._drain(run, adopt=False)
@@ -563,6 +567,11 @@ class Driver:
     def _key(self, problem: Problem, config: Config) -> str:
         return experiment_key(self.campaign.kernel, self.executor.kernel_version, problem, config,
                               self.executor.environment)
+
+    def _log_executor_events(self) -> None:
+        """What happened to the executor's workers (lost, re-queued, quarantined, ...), as events."""
+        for e in self.executor.events():
+            self.store.log_event(e.kind, e.message, campaign_id=self.campaign_id, data=e.data)
 
     def _sample(self) -> None:
         now = time.monotonic()

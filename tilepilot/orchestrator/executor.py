@@ -10,10 +10,19 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from tilepilot.experiments import Config, DeviceCeilings, Environment, GpuSample, Problem, Result, Timing
+from tilepilot.experiments import (
+    Config,
+    DeviceCeilings,
+    Environment,
+    GpuSample,
+    Problem,
+    Result,
+    TilepilotError,
+    Timing,
+)
 
 if TYPE_CHECKING:
     from tilepilot.storage.store import Store
@@ -27,6 +36,21 @@ class Batch:
     problem: Problem
     configs: tuple[Config, ...]
     queue_ids: tuple[int, ...]  # the queue rows these configs came from, same order
+
+
+@dataclass(frozen=True)
+class ExecutorEvent:
+    """Something the executor did that the campaign's event log should say: a worker started,
+    lost, quarantined; a batch re-queued or kept waiting. The driver writes them to the store
+    (kinds: worker_started, worker_lost, requeued, quarantined, waiting, waited)."""
+
+    kind: str
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class NoWorkerLeft(TilepilotError):
+    """Every worker of the executor is quarantined, or none has been reachable for too long."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +114,10 @@ class Executor(ABC):
     def running(self) -> dict[str, str]:
         """Worker id -> what it runs now, for the dashboard."""
         return {}
+
+    def events(self) -> list[ExecutorEvent]:
+        """What happened to the executor's workers since the last call (oldest first); [] by default."""
+        return []
 
     def close(self) -> None:  # noqa: B027 - a no-op hook
         """Stop workers and release resources."""

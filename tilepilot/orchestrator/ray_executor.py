@@ -3,16 +3,48 @@
 For the gpu backend every config is compiled ahead in the CPU compile pool while the GPUs
 are busy with earlier batches; a batch goes to a GPU worker once all of its configs have
 compiled (configs that fail to compile come back as results without touching a GPU).
+
+Faults (a worker survives its own child's failures by itself: worker.py):
+
+- A worker lost (its actor killed, its process or its whole node gone): the batch it was running
+  goes back to the head of this executor's queue and runs on the next free worker, and a new
+  actor is started in the lost one's place (events `worker_lost`, `requeued`, `worker_started`;
+  the last says how long the worker was away). A compile lost with its compile worker is sent
+  again.
+- A worker quarantined (worker.py: infrastructure failures in a row): it gets no more work and
+  its batch is re-queued (event `quarantined`, with the reason). A worker slot whose actors die
+  or fail to start QUARANTINE_AFTER times in a row, with no batch finished in between, is
+  quarantined too, and no new actor is started for it.
+- No worker left (every one quarantined, or none reachable for `startup_timeout_s`): `poll`
+  raises NoWorkerLeft, one line; the driver stops and the campaign can be resumed.
+
+Sharing a cluster (`shared`; by default when this process joined a cluster by address): the
+workers are named actors in the namespace "tilepilot" (`tilepilot-gpu-0`, ...) that every
+campaign on the cluster finds instead of starting its own. Two campaigns then send their
+batches to the same workers, which serve them in the order they arrive (worker.py), so the
+GPUs are shared batch by batch and never measure two things at once; a batch that waited
+WAITED_NOTE_S or more for its turn is logged (`waited`). A shared worker lives as long as the
+campaign process that started it (Ray's owner fate-sharing): when that one ends, the others
+lose it, re-queue their batch and start it again. Not shared, each campaign starts its own
+workers; a worker that asks for GPUs another job holds waits for them (event `waiting`), Ray's
+resource accounting keeping every GPU to one worker.
+
+TILEPILOT_WORKER_RESOURCES (a JSON object, e.g. '{"tilepilot_gpu": 1}') adds custom Ray
+resources that each worker holds: a way to pin workers to the nodes that offer them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Sequence
+import os
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 
 from tilepilot.experiments import (
     Config,
@@ -27,13 +59,27 @@ from tilepilot.experiments import (
 )
 from tilepilot.kernels.base import KernelFamily
 from tilepilot.orchestrator.compile_pool import CompilePool
-from tilepilot.orchestrator.executor import Batch, Executor, Verdict
-from tilepilot.orchestrator.ray_runtime import fetch
-from tilepilot.orchestrator.worker import GPU_WORKER_CPUS, EvalWorker
+from tilepilot.orchestrator.executor import Batch, Executor, ExecutorEvent, NoWorkerLeft, Verdict
+from tilepilot.orchestrator.ray_runtime import LOST, NAMESPACE, fetch, joined_cluster
+from tilepilot.orchestrator.worker import (
+    GPU_WORKER_CPUS,
+    QUARANTINE_AFTER,
+    STARTUP_TIMEOUT_S,
+    BatchReply,
+    EvalWorker,
+    WorkerInfo,
+    WorkerQuarantined,
+)
 
 log = logging.getLogger(__name__)
 
 CONFIG_TIMEOUT_S = {"gpu": 60.0, "interpret": 300.0}
+WORKER_RESOURCES_ENV = "TILEPILOT_WORKER_RESOURCES"
+JOIN_GRACE_S = 5.0  # after the first worker answers, how long start-up waits for the others
+WAITED_NOTE_S = 1.0  # a batch that waited this long for a shared worker's turn is logged
+WAITING_NOTE_S = 10.0  # a worker not started after this long is logged as waiting for resources
+SAMPLE_WAIT_S = 10.0
+REASON_CHARS = 300
 
 
 @dataclass
@@ -43,49 +89,87 @@ class _Pending:
     failed: dict[int, Result] = field(default_factory=dict)  # index -> compile failure result
 
 
+@dataclass
+class _Slot:
+    """One worker's place: the actor that fills it now, and what happened to those before."""
+
+    worker_id: str
+    actor: Any = None
+    info: WorkerInfo | None = None  # of the current actor, once it has answered
+    last: WorkerInfo | None = None  # of the last actor that answered (where a lost one ran)
+    starting: Any = None  # the current actor's info() ref while it starts
+    since: float = 0.0  # when the current actor was asked for
+    lost_at: float | None = None  # when the slot lost its last working actor
+    why: str = ""  # why the current actor was started ("" for the first)
+    strikes: list[str] = field(default_factory=list)  # lost or failed actors in a row
+    quarantined: str = ""
+    busy: bool = False
+    noted_waiting: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return self.info is not None and not self.quarantined
+
+    def where(self) -> dict[str, str]:
+        info = self.info or self.last
+        return {"worker": self.worker_id, "node": info.node_id if info else "", "host": info.node if info else ""}
+
+
 class RayExecutor(Executor):
     def __init__(self, family: KernelFamily, backend: str, *, workers: int | None = None,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, worker_env: Mapping[str, str] | None = None,
+                 worker_resources: Mapping[str, float] | None = None, shared: bool | None = None,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
         if backend not in CONFIG_TIMEOUT_S:
             raise InputError(f"backend {backend!r} does not run on Ray workers (allowed: gpu, interpret)")
         self.family = family
         self.backend = backend
         self.timeout_s = timeout_s or CONFIG_TIMEOUT_S[backend]
         self.kernel_version = family.kernel_version()
-        self.workers = self._start_workers(workers)
-        infos = fetch([w.info.remote() for w in self.workers])
-        self.infos = dict(zip(self.workers, infos, strict=True))
-        devices = sorted({i.environment.device for i in infos})
-        if len(devices) > 1:
-            raise InputError(f"workers see different devices ({', '.join(devices)}); "
-                             "run one campaign per device model")
-        self.environment: Environment = infos[0].environment
-        self.target = infos[0].target
-        self.pool = CompilePool(gpu_worker_cpus=GPU_WORKER_CPUS) if backend == "gpu" else None
-        self.idle: list[Any] = list(self.workers)
+        self.shared = joined_cluster() if shared is None else shared
+        self.startup_timeout_s = startup_timeout_s
+        self._options = self._actor_options(worker_env, _resources(worker_resources))
+        self._events: list[ExecutorEvent] = []
+        self._starts: dict[Any, _Slot] = {}  # info ref of an actor starting -> its slot
+        self._expected: Environment | None = None
+        self._unserved_since: float | None = None
         self.compiling: list[_Pending] = []
         self.ready: list[_Pending] = []
-        self.running_refs: dict[Any, tuple[Any, _Pending]] = {}  # eval ref -> (worker, pending)
+        self.running_refs: dict[Any, tuple[_Slot, Any, _Pending]] = {}  # eval ref -> (slot, actor, pending)
         self.settled: list[tuple[Batch, list[Result]]] = []  # finished without a worker
+        self.slots = [_Slot(w) for w in self._worker_ids(workers)]
+        for slot in self.slots:
+            self._launch(slot, "")
+        first = self._await_first()
+        self.environment: Environment = first.environment
+        self.target = first.target
+        self.pool = CompilePool(gpu_worker_cpus=GPU_WORKER_CPUS, shared=self.shared) if backend == "gpu" else None
 
-    def _start_workers(self, count: int | None) -> list[Any]:
+    def _worker_ids(self, count: int | None) -> list[str]:
         if self.backend == "gpu":
             gpus = int(ray.cluster_resources().get("GPU", 0))
             if gpus == 0:
                 raise InputError("backend 'gpu' needs a GPU, and the Ray cluster has none "
                                  "(use --backend replay or interpret)")
-            n = min(count or gpus, gpus)
-            opts: dict[str, Any] = {"num_gpus": 1, "num_cpus": GPU_WORKER_CPUS}
-        else:
-            n = count or 1
-            opts = {"num_gpus": 0, "num_cpus": 1}
-        return [EvalWorker.options(**opts).remote(self.backend, worker_id=f"{self.backend}-{i}")
-                for i in range(n)]
+            return [f"gpu-{i}" for i in range(min(count or gpus, gpus))]
+        return [f"{self.backend}-{i}" for i in range(count or 1)]
+
+    def _actor_options(self, env: Mapping[str, str] | None, resources: dict[str, float]) -> dict[str, Any]:
+        opts: dict[str, Any] = ({"num_gpus": 1, "num_cpus": GPU_WORKER_CPUS} if self.backend == "gpu"
+                                else {"num_gpus": 0, "num_cpus": 1, "scheduling_strategy": "SPREAD"})
+        if resources:
+            opts["resources"] = resources
+        if env:
+            opts["runtime_env"] = {"env_vars": dict(env)}
+        if self.shared:
+            opts |= {"namespace": NAMESPACE, "get_if_exists": True}
+        return opts
 
     # ---- Executor ------------------------------------------------------------------------
     def free_slots(self) -> int:
         # keep one compiled batch waiting per worker so no GPU waits for the compiler
-        return max(0, 2 * len(self.workers) - self.in_flight())
+        usable = sum(1 for s in self.slots if not s.quarantined)
+        return max(0, 2 * usable - self.in_flight())
 
     def in_flight(self) -> int:
         return len(self.compiling) + len(self.ready) + len(self.running_refs) + len(self.settled)
@@ -104,33 +188,32 @@ class RayExecutor(Executor):
     def poll(self, timeout_s: float) -> list[tuple[Batch, list[Result]]]:
         finished, self.settled = self.settled, []
         # one compile ref may serve several batches (the pool compiles each cache key once)
-        refs = list(dict.fromkeys([r for p in self.compiling for r in p.compiles] + list(self.running_refs)))
-        if not refs:
-            return finished
-        ray.wait(refs, num_returns=1, timeout=timeout_s)  # the first to finish, then all that have
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for ref in done:
-            if ref in self.running_refs:
-                worker, pending = self.running_refs.pop(ref)
-                self.idle.append(worker)
-                wid = self.infos[worker].worker_id
-                results = [replace(r, extra={**r.extra, "worker": wid}) for r in fetch(ref)]
-                finished.append((pending.batch, self._merge(pending, results)))
-            else:
-                self._compiled(ref)
+        refs = list(dict.fromkeys([r for p in self.compiling for r in p.compiles]
+                                  + list(self.running_refs) + list(self._starts)))
+        if refs:
+            ray.wait(refs, num_returns=1, timeout=timeout_s)  # the first to finish, then all that have
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in done:
+                if ref in self.running_refs:
+                    finished.extend(self._returned(ref))
+                elif ref in self._starts:
+                    self._started(self._starts[ref])
+                else:
+                    self._compiled(ref)
         self._start_ready()
+        self._watch()
         return finished
 
     def remeasure(self, problem: Problem, configs: Sequence[Config]) -> list[Result]:
-        worker = self.workers[0]
-        return fetch(worker.remeasure.remote(self.family.name, problem, list(configs), 5, self.timeout_s))
+        return self._call("remeasure", self.family.name, problem, list(configs), 5,  # type: ignore[no-any-return]
+                          self.timeout_s)
 
     def recheck(self, problem: Problem, config: Config) -> Verdict | None:
-        check = fetch(self.workers[0].recheck.remote(self.family.name, problem, config, self.timeout_s))
+        check = self._call("recheck", self.family.name, problem, config, self.timeout_s)
         return Verdict(check.passed, check.max_rel_err, check.message)
 
     def baseline(self, problem: Problem) -> tuple[str, Timing] | None:
-        timing = fetch(self.workers[0].baseline.remote(self.family.name, problem, self.timeout_s))
+        timing = self._call("baseline", self.family.name, problem, self.timeout_s)
         return (self.family.baseline_name or "baseline", timing) if timing else None
 
     def ceilings(self) -> dict[str, DeviceCeilings]:
@@ -138,34 +221,255 @@ class RayExecutor(Executor):
             return {}
         seen: set[tuple[str, str]] = set()
         out: dict[str, DeviceCeilings] = {}
-        for worker, info in self.infos.items():
-            env = info.environment
+        for slot in [s for s in self.slots if s.ready]:
+            assert slot.info is not None
+            env = slot.info.environment
             if (env.device, env.driver) in seen:
                 continue
+            actor = slot.actor
+            try:
+                measured = fetch(actor.ceilings.remote(self.timeout_s))
+            except WorkerQuarantined as e:
+                self._quarantine(slot, e.reason)
+                continue
+            except LOST as e:
+                self._lose(slot, actor, _line(e))
+                continue
             seen.add((env.device, env.driver))
-            measured = fetch(worker.ceilings.remote(self.timeout_s))
             if measured is not None:
-                out[info.worker_id] = measured
+                out[slot.worker_id] = measured
         return out
 
     def samples(self) -> list[GpuSample]:
         if self.backend != "gpu":
             return []
-        return [s for s in fetch([w.sample.remote() for w in self.workers]) if s is not None]
+        asked = {s.actor.sample.remote(): (s, s.actor) for s in self.slots if s.ready}
+        if not asked:
+            return []
+        done, _ = ray.wait(list(asked), num_returns=len(asked), timeout=SAMPLE_WAIT_S)
+        out = []
+        for ref in done:
+            slot, actor = asked[ref]
+            try:
+                sample = ray.get(ref)
+            except LOST as e:
+                if not slot.busy:  # a busy one is handled when its batch comes back
+                    self._lose(slot, actor, _line(e))
+                continue
+            if sample is not None:
+                out.append(sample)
+        return out
 
     def running(self) -> dict[str, str]:
-        return {self.infos[w].worker_id: p.batch.problem.label() for w, p in self.running_refs.values()}
+        return {slot.worker_id: p.batch.problem.label() for slot, _, p in self.running_refs.values()}
+
+    def events(self) -> list[ExecutorEvent]:
+        out, self._events = self._events, []
+        return out
 
     def close(self) -> None:
-        for w in self.workers:
-            ray.kill(w)
+        if not self.shared:  # shared workers end with the campaign that started them (module docstring)
+            for slot in self.slots:
+                if slot.actor is not None:
+                    ray.kill(slot.actor)
         if self.pool is not None:
             self.pool.close()
 
-    # ---- internals -----------------------------------------------------------------------
+    # ---- workers: start, loss, quarantine ------------------------------------------------
+    def _launch(self, slot: _Slot, why: str) -> None:
+        opts = dict(self._options)
+        if self.shared:
+            opts["name"] = f"tilepilot-{slot.worker_id}"
+        slot.actor = EvalWorker.options(**opts).remote(self.backend, worker_id=slot.worker_id)
+        slot.info = None
+        slot.busy = False
+        slot.starting = slot.actor.info.remote()
+        self._starts[slot.starting] = slot
+        slot.since = time.monotonic()
+        slot.why = why
+        slot.noted_waiting = False
+
+    def _await_first(self) -> WorkerInfo:
+        """Wait for the first worker to answer (and a little for the others); its info."""
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not any(s.ready for s in self.slots):
+            self._check_usable()
+            left = deadline - time.monotonic()
+            if not self._starts or left <= 0:
+                raise NoWorkerLeft(f"no worker started within {self.startup_timeout_s:g} s "
+                                   f"({len(self.slots)} asked for with {_describe_options(self._options)})")
+            done, _ = ray.wait(list(self._starts), num_returns=1, timeout=left)
+            for ref in done:
+                if ref in self._starts:
+                    self._started(self._starts[ref], first=True)
+        if self._starts:
+            done, _ = ray.wait(list(self._starts), num_returns=len(self._starts), timeout=JOIN_GRACE_S)
+            for ref in done:
+                if ref in self._starts:
+                    self._started(self._starts[ref], first=True)
+        info = next(s.info for s in self.slots if s.ready)
+        assert info is not None
+        return info
+
+    def _started(self, slot: _Slot, *, first: bool = False) -> None:
+        """A starting actor answered (or failed): the slot is ready, or it struck out once more."""
+        ref, slot.starting = slot.starting, None
+        self._starts.pop(ref, None)
+        actor = slot.actor
+        try:
+            info: WorkerInfo = fetch(ref)
+        except LOST as e:
+            self._lose(slot, actor, f"its actor failed to start: {_line(e)}")
+            return
+        if self._expected is None:
+            self._expected = info.environment
+        elif info.environment != self._expected:
+            if first:
+                raise InputError(f"workers see different devices or toolchains ({self._expected} and "
+                                 f"{info.environment}); run one campaign per device model")
+            self._quarantine(slot, f"it reports {info.environment}, not {self._expected}")
+            return
+        slot.info = slot.last = info
+        if info.quarantined:  # a shared worker that another campaign's work quarantined
+            self._quarantine(slot, info.quarantined)
+            return
+        now = time.monotonic()
+        back = f"; back {now - slot.lost_at:.1f} s after it was lost" if slot.lost_at is not None else ""
+        self._event("worker_started", f"worker {slot.worker_id} started on node {info.node_id[:8]} ({info.node}) "
+                    f"in {now - slot.since:.1f} s{back}", **slot.where(), startup_s=round(now - slot.since, 3),
+                    back_s=None if slot.lost_at is None else round(now - slot.lost_at, 3), replaces=slot.why)
+        slot.lost_at = None
+
+    def _lose(self, slot: _Slot, actor: Any, reason: str) -> None:
+        """The slot's actor is gone: start another in its place, or quarantine the slot."""
+        if actor is not slot.actor or slot.quarantined:
+            return  # that actor was replaced already
+        where = slot.where()
+        slot.info = None
+        slot.busy = False
+        if slot.starting is not None:
+            self._starts.pop(slot.starting, None)
+            slot.starting = None
+        slot.strikes.append(reason)
+        self._event("worker_lost", f"worker {slot.worker_id} on node {where['node'][:8]} ({where['host']}) lost: "
+                    f"{reason}", **where, reason=reason)
+        if len(slot.strikes) >= QUARANTINE_AFTER:
+            self._quarantine(slot, f"{len(slot.strikes)} lost or failed actors in a row: " + "; ".join(slot.strikes))
+            return
+        if slot.lost_at is None:
+            slot.lost_at = time.monotonic()
+        self._launch(slot, reason)
+
+    def _quarantine(self, slot: _Slot, reason: str) -> None:
+        """No more work for this slot; its actor (if alive) keeps holding its GPU."""
+        if slot.quarantined:
+            return
+        reason = _line(reason)
+        where = slot.where()
+        slot.quarantined = reason
+        if slot.starting is not None:
+            self._starts.pop(slot.starting, None)
+            slot.starting = None
+        self._event("quarantined", f"worker {slot.worker_id} on node {where['node'][:8]} ({where['host']}) "
+                    f"quarantined: {reason}; it gets no more work", **where, reason=reason)
+
+    def _watch(self) -> None:
+        """Raise NoWorkerLeft when no worker can work any more; log workers kept waiting."""
+        self._check_usable()
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.starting is not None and not slot.noted_waiting and now - slot.since > WAITING_NOTE_S:
+                slot.noted_waiting = True
+                self._event("waiting", f"worker {slot.worker_id} not started after {now - slot.since:.0f} s: it "
+                            f"waits for {_describe_options(self._options)} (held by other jobs, or on a node "
+                            "that is gone)", worker=slot.worker_id, waited_s=round(now - slot.since, 3))
+        if any(s.ready for s in self.slots):
+            self._unserved_since = None
+            return
+        self._unserved_since = self._unserved_since or now
+        if now - self._unserved_since > self.startup_timeout_s:
+            raise NoWorkerLeft(f"no worker has been available for {now - self._unserved_since:.0f} s "
+                               f"({len(self.slots)} asked for with {_describe_options(self._options)})")
+
+    def _check_usable(self) -> None:
+        if all(s.quarantined for s in self.slots):
+            why = "; ".join(f"{s.worker_id}: {s.quarantined}" for s in self.slots)
+            raise NoWorkerLeft(f"every worker is quarantined, so the campaign cannot go on ({why})")
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """One request to some working worker (an idle one first), tried elsewhere if it is lost."""
+        while True:
+            slot = self._some_worker()
+            actor = slot.actor
+            try:
+                return fetch(getattr(actor, method).remote(*args))
+            except WorkerQuarantined as e:
+                self._quarantine(slot, e.reason)
+            except LOST as e:
+                self._lose(slot, actor, _line(e))
+
+    def _some_worker(self) -> _Slot:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while True:
+            ready = [s for s in self.slots if s.ready]
+            if ready:
+                return next((s for s in ready if not s.busy), ready[0])
+            self._check_usable()
+            left = deadline - time.monotonic()
+            if not self._starts or left <= 0:
+                raise NoWorkerLeft(f"no worker available within {self.startup_timeout_s:g} s")
+            done, _ = ray.wait(list(self._starts), num_returns=1, timeout=left)
+            for ref in done:
+                if ref in self._starts:
+                    self._started(self._starts[ref])
+
+    def _event(self, kind: str, message: str, **data: Any) -> None:
+        log.log(logging.WARNING if kind in ("worker_lost", "quarantined", "requeued") else logging.INFO, "%s", message)
+        self._events.append(ExecutorEvent(kind, message, data))
+
+    # ---- batches ---------------------------------------------------------------------------
+    def _returned(self, ref: Any) -> list[tuple[Batch, list[Result]]]:
+        slot, actor, pending = self.running_refs.pop(ref)
+        if actor is slot.actor:
+            slot.busy = False
+        try:
+            reply: BatchReply = fetch(ref)
+        except WorkerQuarantined as e:
+            self._quarantine(slot, e.reason)
+            self._requeue(pending, slot, "its worker was quarantined")
+            return []
+        except LOST as e:
+            self._lose(slot, actor, _line(e))
+            self._requeue(pending, slot, "its worker was lost")
+            return []
+        slot.strikes.clear()
+        if reply.waited_s >= WAITED_NOTE_S:
+            self._event("waited", f"{len(reply.results)} config(s) of {pending.batch.problem.label()} waited "
+                        f"{reply.waited_s:.1f} s for worker {slot.worker_id}, busy with another campaign's work",
+                        worker=slot.worker_id, waited_s=round(reply.waited_s, 3), batch=pending.batch.id)
+        results = [replace(r, extra={**r.extra, "worker": slot.worker_id}) for r in reply.results]
+        return [(pending.batch, self._merge(pending, results))]
+
+    def _requeue(self, pending: _Pending, slot: _Slot, why: str) -> None:
+        """Back to the head of the queue: the next free worker runs it."""
+        self.ready.insert(0, pending)
+        batch = pending.batch
+        self._event("requeued", f"{len(batch.configs)} config(s) of {batch.problem.label()} back in the queue: "
+                    f"{why} ({slot.worker_id})", **slot.where(), batch=batch.id, queue_ids=list(batch.queue_ids),
+                    reason=why)
+
     def _compiled(self, ref: Any) -> None:
-        outcome = fetch(ref)
-        for pending in [p for p in self.compiling if ref in p.compiles]:
+        waiting = [p for p in self.compiling if ref in p.compiles]
+        if not waiting:
+            return
+        try:
+            outcome = fetch(ref)
+        except (*LOST, RayTaskError) as e:
+            if not _is_lost(e):
+                raise
+            self._recompile(ref, waiting, _line(e))
+            return
+        for pending in waiting:
             index = pending.compiles.pop(ref)
             if outcome.status is not Status.OK:
                 pending.failed[index] = Result(
@@ -177,17 +481,31 @@ class RayExecutor(Executor):
                 self.compiling.remove(pending)
                 self.ready.append(pending)
 
+    def _recompile(self, ref: Any, waiting: list[_Pending], reason: str) -> None:
+        """A compile lost with its compile worker (or node): the pool heals and compiles it again."""
+        assert self.pool is not None and self.target is not None
+        self.pool.heal()
+        for pending in waiting:
+            index = pending.compiles.pop(ref)
+            config = pending.batch.configs[index]
+            again = self.pool.submit(self.family.name, pending.batch.problem, config, self.target)
+            pending.compiles[again] = index
+            self._event("requeued", f"compile of {pending.batch.problem.label()} {config.label()} sent again: "
+                        f"{reason}", batch=pending.batch.id, reason=reason)
+
     def _start_ready(self) -> None:
         for pending in [p for p in self.ready if len(p.failed) == len(p.batch.configs)]:
             self.ready.remove(pending)  # nothing compiled: no GPU needed
             self.settled.append((pending.batch, self._merge(pending, [])))
-        while self.idle and self.ready:
+        while self.ready:
+            slot = next((s for s in self.slots if s.ready and not s.busy), None)
+            if slot is None:
+                return
             pending = self.ready.pop(0)
             configs = [c for i, c in enumerate(pending.batch.configs) if i not in pending.failed]
-            worker = self.idle.pop(0)
-            ref = worker.evaluate.remote(self.family.name, pending.batch.problem, configs,
-                                         self.timeout_s)
-            self.running_refs[ref] = (worker, pending)
+            ref = slot.actor.run_batch.remote(self.family.name, pending.batch.problem, configs, self.timeout_s)
+            self.running_refs[ref] = (slot, slot.actor, pending)
+            slot.busy = True
 
     @staticmethod
     def _merge(pending: _Pending, results: list[Result]) -> list[Result]:
@@ -195,3 +513,44 @@ class RayExecutor(Executor):
         it = iter(results)
         return [pending.failed[i] if i in pending.failed else next(it)
                 for i in range(len(pending.batch.configs))]
+
+
+# ---- module helpers ------------------------------------------------------------------------------
+def _resources(given: Mapping[str, float] | None) -> dict[str, float]:
+    """Custom resources each worker holds: those given, else TILEPILOT_WORKER_RESOURCES, else none."""
+    if given is not None:
+        return {str(k): float(v) for k, v in given.items()}
+    raw = os.environ.get(WORKER_RESOURCES_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+            for k, v in value.items()):
+        raise InputError(f"{WORKER_RESOURCES_ENV}={raw!r} is not a JSON object of resource names and positive "
+                         'amounts (e.g. {"tilepilot_gpu": 1})')
+    return {k: float(v) for k, v in value.items()}
+
+
+def _describe_options(opts: Mapping[str, Any]) -> str:
+    wants = {"CPU": opts.get("num_cpus", 0), "GPU": opts.get("num_gpus", 0), **opts.get("resources", {})}
+    return ", ".join(f"{v:g} {k}" for k, v in wants.items() if v)
+
+
+def _is_lost(e: BaseException) -> bool:
+    return isinstance(e, LOST) or (isinstance(e, RayTaskError) and isinstance(e.cause, LOST))
+
+
+def _line(e: BaseException | str, limit: int = REASON_CHARS) -> str:
+    """One line of an error or a text, cut to `limit` characters: the first line, or for a lost
+    actor Ray's sentences without the indented fields ("The actor died ... because its node has
+    died ...")."""
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    if isinstance(e, RayActorError):
+        text = " ".join(ln.strip() for ln in lines if not ln[0].isspace())
+    else:
+        text = lines[0].strip() if lines else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

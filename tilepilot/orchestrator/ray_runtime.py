@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import AuthenticationError, RayTaskError, RpcError
+from ray.exceptions import (
+    ActorUnschedulableError,
+    AuthenticationError,
+    NodeDiedError,
+    ObjectLostError,
+    RayActorError,
+    RayTaskError,
+    RpcError,
+    WorkerCrashedError,
+)
 
 from tilepilot.experiments import InputError, TilepilotError
 
@@ -32,6 +41,11 @@ log = logging.getLogger(__name__)
 
 ADDRESS_RE = re.compile(r"^(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:]+\]):(?P<port>[0-9]{1,5})$")
 PROBE_TIMEOUT_S = 5.0
+NAMESPACE = "tilepilot"  # of the named actors that campaigns on one cluster share
+# what ray.get raises when the actor or the node behind a reference is gone (not the work's own error)
+LOST = (RayActorError, WorkerCrashedError, NodeDiedError, ObjectLostError, ActorUnschedulableError)
+
+_joined = False  # this process joined a cluster by address (rather than starting a local Ray)
 
 
 @dataclass(frozen=True)
@@ -78,10 +92,17 @@ def start_ray(address: str | None, *, num_cpus: int | None = None, num_gpus: int
         raise InputError("num_cpus and num_gpus apply to a local Ray only, not to a cluster at "
                          f"{address!r} (leave them out, or leave out the address)")
     _join(address)
+    global _joined
+    _joined = True
     info = _describe(started_here=False)
     log.info("joined the Ray cluster at %s: %d nodes, %g CPUs, %g GPUs", info.address, len(info.nodes),
              info.cpus, info.gpus)
     return info
+
+
+def joined_cluster() -> bool:
+    """Whether `start_ray` joined a cluster by address in this process (other campaigns may share it)."""
+    return _joined
 
 
 def cluster_nodes() -> list[NodeResources]:
@@ -111,6 +132,8 @@ def fetch(refs: Any, *, timeout_s: float | None = None) -> Any:
 
 def shutdown() -> None:
     """Leave the cluster (and stop a local Ray this process started)."""
+    global _joined
+    _joined = False
     if ray.is_initialized():
         ray.shutdown()
 

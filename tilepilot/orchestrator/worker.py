@@ -22,9 +22,26 @@ environment the child reported at startup. Whatever else the child raises is a b
 is replaced and the error raised; a TilepilotError (e.g. bf16 under the interpreter:
 BackendUnavailable) is raised as it is, and the child kept.
 
+Quarantine: a worker counts its infrastructure failures in a row: a child that dies with no
+error of its own, a fresh child that fails to start, a child found dead between requests. Any
+clean answer from a child ends the run. When a config has killed two children, a fresh child is
+asked for a small computation on the device ("health") before the config is called `poison`:
+if that answers, the config was at fault and the run ends; if it dies too, the device is. After
+QUARANTINE_AFTER failures in a row the worker is quarantined: its child is killed, the request
+that was running raises WorkerQuarantined (its configs get no results; the caller sends them
+elsewhere) and so does every later one. The actor stays alive, holding its GPU, so that Ray
+places nothing else on a failing device. A failing device thus costs three child starts, and a
+poison config never quarantines a healthy one.
+
 The actor is threaded (`max_concurrency`), so that `info` and `sample` answer while a batch
-runs; requests to the child are serialised by a lock. Create it with an explicit `num_cpus`
-(a GPU actor otherwise holds a CPU for its whole life: LIBRARIES.md).
+runs. Requests to the child take turns in the order they arrived (a ticket lock): callers that
+share the worker (several campaigns on one cluster, each reaching it by name) are served in
+turn, and no two requests ever run on the device at once. `run_batch` reports how long a batch
+waited for its turn. Create the actor with an explicit `num_cpus` (a GPU actor otherwise holds
+a CPU for its whole life: LIBRARIES.md).
+
+Fault injection (tests only): TILEPILOT_FAULT_WORKERS, a comma-separated list of worker ids,
+makes the children of those workers die on every request (child.py, fault "die").
 """
 
 from __future__ import annotations
@@ -32,10 +49,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,8 +91,22 @@ log = logging.getLogger(__name__)
 BACKENDS = ("gpu", "interpret")
 GPU_WORKER_CPUS = 1  # num_cpus of each GPU actor; the compile pool gets the node's other CPUs
 STARTUP_TIMEOUT_S = 300.0
-MAX_CONCURRENCY = 4  # one request to the child at a time, plus info() and sample() beside it
+MAX_CONCURRENCY = 16  # requests waiting for their turn (one per sharing campaign), info() and sample()
 RECOVERIES_KEPT = 1000
+QUARANTINE_AFTER = 3  # infrastructure failures in a row (see the module docstring)
+FAULT_WORKERS_ENV = "TILEPILOT_FAULT_WORKERS"
+
+
+class WorkerQuarantined(TilepilotError):
+    """The worker failed QUARANTINE_AFTER times in a row through no fault of a config: it takes no more work."""
+
+    def __init__(self, worker_id: str, reason: str) -> None:
+        super().__init__(f"worker {worker_id} is quarantined: {reason}")
+        self.worker_id = worker_id
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.worker_id, self.reason)
 
 
 @dataclass(frozen=True)
@@ -88,6 +121,43 @@ class WorkerInfo:
     running: str = ""  # kernel, problem and config the child runs now; "" when idle
     respawns: int = 0  # children replaced after a crash, a death or a timeout
     recover_s: tuple[float, ...] = ()  # seconds from each failure to the fresh child being ready
+    node_id: str = ""  # the Ray node the actor runs on
+    quarantined: str = ""  # why the worker takes no more work; "" while it does
+    failures: tuple[str, ...] = ()  # its infrastructure failures in a row so far
+
+
+@dataclass(frozen=True)
+class BatchReply:
+    """What `run_batch` returns: the batch's results and how long it waited for its turn."""
+
+    results: list[Result]
+    waited_s: float
+    worker_id: str
+
+
+class _Turns:
+    """A ticket lock: holders enter in the order they asked."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0
+        self._serving = 0
+
+    @contextmanager
+    def turn(self) -> Iterator[float]:
+        """Wait for this caller's turn; yields the seconds it waited."""
+        t0 = time.monotonic()
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._cond.wait()
+        try:
+            yield time.monotonic() - t0
+        finally:
+            with self._cond:
+                self._serving += 1
+                self._cond.notify_all()
 
 
 @ray.remote(max_concurrency=MAX_CONCURRENCY)
@@ -101,11 +171,17 @@ class EvalWorker:
         self._options = {"input_sets": input_sets, "seed": seed, "rounds": rounds, "block_ms": block_ms,
                          "spread_target": spread_target, "time_cap_ms": time_cap_ms}
         self._startup_timeout_s = startup_timeout_s
-        self._lock = threading.Lock()
+        self._turns = _Turns()
         self._node = socket.gethostname()
+        self._node_id = ray.get_runtime_context().get_node_id()
         self._running = ""  # what the child runs now, for sample()
         self._respawns = 0
         self._recover_s: list[float] = []
+        self._streak: list[str] = []  # infrastructure failures in a row
+        self._quarantined = ""
+        injected = {w.strip() for w in os.environ.get(FAULT_WORKERS_ENV, "").split(",")}
+        self._fault = "die" if worker_id is not None and worker_id in injected else None
+        self._worker_id = worker_id or ""
         self._child, started = self._spawn()
         self._env: Environment = started["environment"]
         self._target: Target | None = started["target"]
@@ -115,22 +191,29 @@ class EvalWorker:
     # ---- the actor's methods ------------------------------------------------------------------
     def info(self) -> WorkerInfo:
         return WorkerInfo(self._worker_id, self._node, self._backend, self._uuid, self._env, self._target,
-                          self._child.pid, self._running, self._respawns, tuple(self._recover_s))
+                          self._child.pid, self._running, self._respawns, tuple(self._recover_s), self._node_id,
+                          self._quarantined, tuple(self._streak))
 
     def evaluate(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float) -> list[Result]:
         """One Result per config, in order; `timeout_s` per config (see the module docstring)."""
-        with self._lock:
+        with self._turn():
             return self._batch("evaluate", kernel, problem, list(configs), (), timeout_s)
+
+    def run_batch(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float) -> BatchReply:
+        """`evaluate`, with the seconds the batch waited for its turn (other callers' requests)."""
+        with self._turn() as waited_s:
+            results = self._batch("evaluate", kernel, problem, list(configs), (), timeout_s)
+        return BatchReply(results, waited_s, self._worker_id)
 
     def remeasure(self, kernel: str, problem: Problem, configs: Sequence[Config], rounds: int,
                   timeout_s: float) -> list[Result]:
         """Time the configs again, interleaved, `rounds` rounds; `timeout_s` per config."""
-        with self._lock:
+        with self._turn():
             return self._batch("remeasure", kernel, problem, list(configs), (rounds,), timeout_s)
 
     def recheck(self, kernel: str, problem: Problem, config: Config, timeout_s: float) -> Check:
         """Verify one config on fresh inputs. A crash, death or timeout is a failed Check."""
-        with self._lock:
+        with self._turn():
             outcome = self._single(("recheck", kernel, problem, config), timeout_s,
                                    _describe(kernel, problem, [config]))
         if isinstance(outcome, Done):
@@ -140,7 +223,7 @@ class EvalWorker:
 
     def baseline(self, kernel: str, problem: Problem, timeout_s: float) -> Timing | None:
         """The vendor library's timing (None under the interpreter, or when it fails: logged)."""
-        with self._lock:
+        with self._turn():
             outcome = self._single(("baseline", kernel, problem), timeout_s,
                                    lambda i: f"{kernel} {problem.label()} vendor baseline")
         if isinstance(outcome, Done):
@@ -152,7 +235,7 @@ class EvalWorker:
     def ceilings(self, timeout_s: float) -> DeviceCeilings | None:
         """This GPU's copy bandwidth and matmul rate, measured now (None under the interpreter, or
         when the measurement fails: logged)."""
-        with self._lock:
+        with self._turn():
             outcome = self._single(("ceilings",), timeout_s, lambda i: "device ceilings")
         if isinstance(outcome, Done):
             return outcome.payload  # type: ignore[no-any-return]
@@ -168,6 +251,30 @@ class EvalWorker:
         if not telemetry.nvml_available():
             return None
         return telemetry.sample_gpu(self._uuid, self._node, self._worker_id, self._running)
+
+    # ---- turns and quarantine -----------------------------------------------------------------
+    @contextmanager
+    def _turn(self) -> Iterator[float]:
+        """This request's turn on the child (in arrival order); refused once the worker is quarantined."""
+        with self._turns.turn() as waited_s:
+            if self._quarantined:
+                raise WorkerQuarantined(self._worker_id, self._quarantined)
+            yield waited_s
+
+    def _strike(self, what: str) -> None:
+        """Count one infrastructure failure; the QUARANTINE_AFTER-th in a row quarantines the worker."""
+        self._streak.append(what)
+        log.warning("worker %s: %s (%d in a row)", self._worker_id, what, len(self._streak))
+        if len(self._streak) < QUARANTINE_AFTER:
+            return
+        self._quarantined = f"{len(self._streak)} infrastructure failures in a row: " + "; ".join(self._streak)
+        self._child.kill()
+        log.error("worker %s quarantined: %s", self._worker_id, self._quarantined)
+        raise WorkerQuarantined(self._worker_id, self._quarantined)
+
+    def _health_check(self, timeout_s: float) -> None:
+        """A small computation on the device in a fresh child: an answer ends the run of failures."""
+        self._ask(("health",), timeout_s, 1, lambda i: "a health check")
 
     # ---- batches through child failures -------------------------------------------------------
     def _batch(self, op: str, kernel: str, problem: Problem, configs: list[Config], extra: tuple[Any, ...],
@@ -188,7 +295,7 @@ class EvalWorker:
                 todo = [j for j in todo if j not in group]
                 continue
             culprit = group[_index(reply)]
-            failure = _failure(reply, timeout_s, deaths.setdefault(culprit, []))
+            failure = self._judge(reply, timeout_s, deaths.setdefault(culprit, []))
             todo.remove(culprit)
             if failure is None:
                 todo.insert(0, culprit)
@@ -205,39 +312,59 @@ class EvalWorker:
             reply = self._ask(message, timeout_s, 1, describe)
             if isinstance(reply, Done):
                 return reply
-            failure = _failure(reply, timeout_s, deaths)
+            failure = self._judge(reply, timeout_s, deaths)
             if failure is not None:
                 return failure
+
+    def _judge(self, reply: Reply, timeout_s: float, deaths: list[int | None]) -> tuple[Status, str] | None:
+        """`_failure`, except that a config is called poison only once a fresh child has shown the
+        device healthy (else the health check's death counts against the worker, not the config)."""
+        failure = _failure(reply, timeout_s, deaths)
+        if failure is not None and failure[0] is Status.POISON:
+            self._health_check(timeout_s)  # its death is a strike: the third in a row quarantines the worker
+        return failure
 
     def _ask(self, message: tuple[Any, ...], timeout_s: float, n: int, describe: Callable[[int], str]) -> Reply:
         """One request to the child; replaces the child after anything but a clean answer."""
         def started(i: int) -> None:
             self._running = describe(i)
 
-        if not self._child.alive():  # died while idle: nobody's fault
+        if not self._child.alive():  # died while idle: no config's fault
+            self._strike(f"child {self._child.pid} was found dead between requests")
             self._replace("died between requests")
         try:
             reply = self._child.request(message, step_s=timeout_s, total_s=timeout_s * n, on_start=started)
         finally:
             self._running = ""
+        if isinstance(reply, Done):
+            self._streak.clear()
         if isinstance(reply, Failed):
             if not isinstance(reply.error, TilepilotError):
                 self._replace(f"raised {reply.error}")
             raise reply.error
+        if isinstance(reply, Died):
+            running = describe(reply.index) if reply.index is not None else f"a {message[0]} request"
+            self._strike(f"child {self._child.pid} died ({describe_exit(reply.exitcode)}) running {running}")
         if not isinstance(reply, Done):
             self._replace(_what_happened(reply))
         return reply
 
     # ---- children -----------------------------------------------------------------------------
     def _spawn(self) -> tuple[Child, dict[str, Any]]:
-        child = Child(self._backend, self._options)
+        child = Child(self._backend, self._options, fault=self._fault)
         return child, child.start(self._startup_timeout_s)
 
     def _replace(self, what: str) -> None:
         t0 = time.monotonic()
         old = self._child.pid
         self._child.kill()
-        self._child, started = self._spawn()
+        while True:
+            try:
+                fresh, started = self._spawn()
+                break
+            except ChildStartupError as e:
+                self._strike(f"a fresh child failed to start ({e})")
+        self._child = fresh
         if started["environment"] != self._env:
             raise ChildStartupError(f"a fresh child reports {started['environment']}, not {self._env}")
         recover = time.monotonic() - t0
