@@ -66,7 +66,12 @@ def charts_of(at: AppTest, field: str) -> list[dict]:
 def chart_tables(at: AppTest) -> list:
     """Every data set of every chart on the page."""
     from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
-    return [convert_arrow_bytes_to_pandas_df(d.data.data) for c in at.get("vega_lite_chart") for d in c.proto.datasets]
+    tables = []
+    for c in at.get("vega_lite_chart"):
+        if c.proto.HasField("data") and c.proto.data.data:  # a frame given with a spec (st.vega_lite_chart)
+            tables.append(convert_arrow_bytes_to_pandas_df(c.proto.data.data))
+        tables.extend(convert_arrow_bytes_to_pandas_df(d.data.data) for d in c.proto.datasets)
+    return tables
 
 
 def chart_data(at: AppTest, field: str):
@@ -108,17 +113,17 @@ def test_overview_shows_speedups_roofline_share_gpu_time_and_model_spend(monkeyp
     assert replay["× vs baseline (geomean)"] == pytest.approx(0.5888 / 0.6543)
     assert replay["% of roofline (median)"] == pytest.approx(100 * bound_ms(fx.P1) / 0.6543)
     assert replay["GPU time"] == "0.143 s"  # recorded at its end: 100 repetitions × (0.7777 + 0.6543) ms
-    assert (replay["LLM tokens"], replay["LLM cost"], replay["ETA"]) == ("none", "—", "—")
+    assert (replay["LLM tokens (in / out)"], replay["LLM cost"], replay["ETA"]) == ("none", "—", "—")
     assert live_["GPU time"] == "0.227 s"  # summed: 52.5 ms timed + 100 × 0.5123 + 100 × 1.2345 ms
-    assert (live_["LLM tokens"], live_["LLM cost"]) == ("8k in / 1.3k out", "$0.0270 (+1 unpriced)")
+    assert (live_["LLM tokens (in / out)"], live_["LLM cost"]) == ("8k / 1.3k", "$0.0270 (+1 unpriced)")
     assert live_["ETA"].startswith("≈ ")
     assert list(problems["% of roofline"]) == pytest.approx([100 * bound_ms(fx.P1) / 0.4321,
                                                              100 * bound_ms(fx.P2) / 1.2345])
     assert problems["× vs median config"][0] == pytest.approx(((0.5123 + 0.4321) / 2) / 0.4321)
     assert problems["× vs baseline"].isna().all()  # no winner decided yet
     m = metrics(at)
-    assert (m["GPU time"], m["LLM tokens"], m["LLM cost"]) == ("0.227 s", "8k in / 1.3k out",
-                                                               "$0.0270 (+1 unpriced)")
+    assert (m["GPU time"], m["LLM tokens (in / out)"], m["LLM cost"]) == ("0.227 s", "8k / 1.3k",
+                                                                          "$0.0270 (+1 unpriced)")
     assert m["ETA"].startswith("≈ ") and m["Compile time"] == "2.44 s"  # 3 × 812.5 ms
     assert any(c.value.startswith("% of roofline against the ceilings of Synthetic GPU 80GB") and "copy 2000 GB/s" in
                c.value and "bf16 matmul 500 TFLOP/s" in c.value for c in at.caption)
@@ -151,19 +156,21 @@ def test_overview_shows_no_roofline_share_without_stored_ceilings(monkeypatch, t
     assert not [t for t in chart_tables(at) if "note" in t.columns]
 
 
-def test_overview_draws_one_convergence_chart_per_problem(monkeypatch, db):
+def test_overview_draws_a_convergence_panel_per_problem(monkeypatch, db):
     at = page(monkeypatch, db)
-    assert len(charts_of(at, "best_so_far_ms")) == 2
-    captions = [c.value for c in at.caption]
-    assert "M=4096 N=4096 K=512 dtype=fp16 · best 0.4321 ms" in captions
-    assert "M=64 N=8192 K=2048 dtype=bf16 · best 1.234 ms" in captions
+    assert len(charts_of(at, "best_so_far_ms")) == 1  # one chart, a panel per problem
+    panels = chart_data(at, "best_so_far_ms")
+    assert list(dict.fromkeys(panels["panel"])) == ["M=4096 N=4096 K=512 dtype=fp16 · best 0.4321 ms",
+                                                    "M=64 N=8192 K=2048 dtype=bf16 · best 1.234 ms"]
+    p1 = panels[panels["order"] == 0]
+    assert list(p1["trial"]) == [1, 2, 3] and list(p1["best_so_far_ms"]) == [0.5123, 0.4321, 0.4321]
+    assert p1["median_ms"].isna().tolist() == [False, False, True]  # the failed trial has no time
 
 
 def test_convergence_charts_put_time_on_a_log_axis(monkeypatch, db):
-    charts = charts_of(page(monkeypatch, db), "best_so_far_ms")
-    assert len(charts) == 2
-    for spec in charts:
-        assert [layer["encoding"]["y"]["scale"]["type"] for layer in spec["layer"]] == ["log", "log"]
+    (spec,) = charts_of(page(monkeypatch, db), "best_so_far_ms")
+    assert [layer["encoding"]["y"]["scale"]["type"] for layer in spec["spec"]["layer"]] == ["log", "log"]
+    assert spec["resolve"]["scale"]["y"] == "independent"  # each problem on its own range
 
 
 def test_roofline_chart_places_each_result_by_intensity_and_draws_both_ceilings(monkeypatch, db):

@@ -235,7 +235,7 @@ def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Serv
     tab = browser.open(server.url + "/")
     shown = browser.wait_for(tab, "mm-live · running", "4/16", "best 0.4321 ms", "best 1.234 ms",
                              text.source("gpu", fx.DEVICE), "GPU time\n\n0.227 s",
-                             "LLM cost\n\n$0.0270 (+1 unpriced)", "LLM tokens\n\n8k in / 1.3k out",
+                             "LLM cost\n\n$0.0270 (+1 unpriced)", "LLM tokens (in / out)\n\n8k / 1.3k",
                              "copy 2000 GB/s", "bf16 matmul 500 TFLOP/s")
     assert "Running\n\n2" in shown and "Queued\n\n2" in shown
     assert fx.HOSTILE in shown  # the campaign description, verbatim
@@ -251,7 +251,7 @@ def test_overview_shows_store_numbers_and_follows_the_campaign_live(server: Serv
     key = live.trial(fx.ok(fx.P1, fx.cfg(64, 256, 4, 4), 0.3999))
     live.store.set_queue_state(live.queue_ids["p1-next"], "done", worker="gpu-0", experiment_key=key)
     shown = browser.wait_for(tab, "5/16", "best 0.3999 ms", "GPU time\n\n0.267 s",  # + 100 × 0.3999 ms
-                             "LLM cost\n\n$0.0370 (+1 unpriced)", "LLM tokens\n\n9k in / 1.5k out")
+                             "LLM cost\n\n$0.0370 (+1 unpriced)", "LLM tokens (in / out)\n\n9k / 1.5k")
     assert "Running\n\n1" in shown
     wait_for_labels(browser, tab, "median_ms: 0.3999; TFLOP/s: 42.96", "trial: 4; median_ms: 0.3999",
                     "param: num_warps; value: 4; n: 3;")  # the effects follow within data.EFFECTS_TTL_S

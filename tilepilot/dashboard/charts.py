@@ -20,17 +20,22 @@ from tilepilot.dashboard.reads import Ceilings
 LEGEND = alt.Legend(orient="top", direction="horizontal", titleOrient="left")
 
 
-def convergence_frame(points: pd.DataFrame) -> pd.DataFrame:
-    """One row per trial drawn (from rows of `digest.ConvergencePoint`): its time (ok only) and the
-    best time so far."""
-    return pd.DataFrame({"trial": points["seq"], "median_ms": points["median_ms"],
-                         "best_so_far_ms": points["best_so_far_ms"], "status": points["status"],
-                         "proposer": points["proposer"]}).reset_index(drop=True)
+def convergence_frame(points: pd.DataFrame, panels: Mapping[str, str]) -> pd.DataFrame:
+    """One row per trial drawn (rows of `digest.ConvergencePoint` with their `problem_key`), for the
+    problems in `panels` (problem key -> the panel's title), in that order: its time (ok only) and
+    the best time so far."""
+    rows = points[points["problem_key"].isin(list(panels))]
+    order = {k: i for i, k in enumerate(panels)}
+    return pd.DataFrame({"panel": rows["problem_key"].map(panels), "order": rows["problem_key"].map(order),
+                         "trial": rows["seq"], "median_ms": rows["median_ms"],
+                         "best_so_far_ms": rows["best_so_far_ms"], "status": rows["status"],
+                         "proposer": rows["proposer"]}).reset_index(drop=True)
 
 
-def convergence_chart(y_title: str) -> alt.LayerChart:
-    """Best-so-far as a step line over trials, each ok trial as a point coloured by proposer; the
-    data (a `convergence_frame`) is given when drawn.
+def convergence_chart(y_title: str, columns: int = 2, width: int = 380) -> alt.FacetChart:
+    """A panel per problem: best-so-far as a step line over trials, each ok trial as a point
+    coloured by proposer. The data (a `convergence_frame`) is given when drawn. One chart with a
+    panel per problem, not a chart per problem: a browser builds each chart's view on its own.
 
     The time axis is logarithmic: a search tries configs many times slower than the best, and
     on a linear axis they flatten the best-so-far line against the floor.
@@ -45,17 +50,24 @@ def convergence_chart(y_title: str) -> alt.LayerChart:
         y=alt.Y("median_ms:Q", scale=alt.Scale(type="log")),
         color=alt.Color("proposer:N", legend=LEGEND),
         tooltip=["trial:Q", "median_ms:Q", "proposer:N", "status:N"])
-    return alt.layer(trials, best).properties(height=260)
+    facet = alt.Facet("panel:N", title=None, sort=alt.EncodingSortField("order", order="ascending"),
+                      header=alt.Header(labelLimit=600, labelFontSize=12, labelAnchor="start"))
+    placeholder = pd.DataFrame(columns=["panel", "order", "trial", "median_ms", "best_so_far_ms", "status", "proposer"])
+    return (alt.layer(trials, best, data=placeholder).properties(width=width, height=220)
+            .facet(facet=facet, columns=columns).resolve_scale(x="independent", y="independent"))
 
 
 @functools.lru_cache(maxsize=8)
 def _convergence_json(y_title: str) -> str:
-    return json.dumps(convergence_chart(y_title).to_dict())
+    spec = convergence_chart(y_title).to_dict()
+    spec.pop("data", None)  # the placeholder: the frame comes with the drawing
+    spec.pop("datasets", None)
+    return json.dumps(spec)
 
 
 def convergence_spec(y_title: str) -> dict[str, Any]:
-    """`convergence_chart` as a Vega-Lite spec, built once: a page draws a chart per problem, and
-    building each through Altair would cost more than everything else on the page."""
+    """`convergence_chart` as a Vega-Lite spec, built once (through Altair it costs more than the
+    rest of the page)."""
     return json.loads(_convergence_json(y_title))
 
 

@@ -2,7 +2,10 @@
 
 Every browser session polls on its own, so each query is cached for `TTL_S` seconds across
 sessions: however many tabs are open, the database sees about one query of each kind per
-`TTL_S`. Results are frozen records from `storage.views`.
+`TTL_S`. The queries are the dashboard's own (`reads`, fast at 100k experiments) and, for the
+event log, the GPU samples and the ledger, `storage.queries` and `storage.ledger`; results are
+frozen records. A campaign's trials come from one shared `TrialLog` that reads only new trials,
+and what the Overview computes from them (`digest`) is cached by the campaign's `updated_at`.
 """
 
 from __future__ import annotations

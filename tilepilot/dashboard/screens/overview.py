@@ -67,7 +67,7 @@ def _gpu(d: CampaignDigest) -> str:
 def _llm_tokens(d: CampaignDigest) -> str:
     if d.llm is None:
         return "none"
-    return f"{count(d.llm.input_tokens)} in / {count(d.llm.output_tokens)} out"
+    return f"{count(d.llm.input_tokens)} / {count(d.llm.output_tokens)}"
 
 
 def _llm_cost(d: CampaignDigest) -> str:
@@ -89,7 +89,7 @@ def campaigns_table(summaries: list[CampaignInfo], digests: dict[int, CampaignDi
             "× vs median (geomean)": d.geomean("speedup_vs_median"),
             "× vs baseline (geomean)": d.geomean("speedup_vs_baseline"),
             "% of roofline (median)": d.median_roofline(), "GPU time": _gpu(d),
-            "LLM tokens": _llm_tokens(d), "LLM cost": _llm_cost(d),
+            "LLM tokens (in / out)": _llm_tokens(d), "LLM cost": _llm_cost(d),
             "source": source(c.backend, c.device), "updated": ago(c.updated_at),
         })
     return pd.DataFrame(rows)
@@ -119,7 +119,7 @@ def campaign_detail(c: CampaignInfo, d: CampaignDigest) -> None:
                f"budget {c.budget} per problem · numbers: {md_escape(source(c.backend, c.device))}")
     if c.description:
         st.text(c.description)
-    cols = st.columns(5)
+    cols = st.columns([2, 1, 1, 1, 1])
     cols[0].metric("Trials (done / budget)", f"{d.spent}/{d.total}")
     cols[1].metric("OK", d.ok)
     cols[2].metric("Failed", d.failed)
@@ -132,13 +132,13 @@ def campaign_detail(c: CampaignInfo, d: CampaignDigest) -> None:
 
 
 def spend(d: CampaignDigest) -> None:
-    cols = st.columns(5)
+    cols = st.columns([1.4, 1.1, 1.1, 1.6, 1.1])
     rate = "" if d.rate_per_min is None else f"{d.rate_per_min:.3g} trials/min recently"
     cols[0].metric("ETA", _eta(d), help=ETA_HELP + (f" · now {rate}" if rate else ""))
     cols[1].metric("GPU time", _gpu(d), help=GPU_HELP[d.gpu_source])
     cols[2].metric("Compile time", duration(d.compile_s) if d.compile_s else "—",
                    help="the sum of its results' compile_ms (the compile pool's CPU time; reused results not counted)")
-    cols[3].metric("LLM tokens", _llm_tokens(d),
+    cols[3].metric("LLM tokens (in / out)", _llm_tokens(d),
                    help="input and output tokens of the campaign's calls to a language model"
                    + ("" if d.llm is None else f" ({d.llm.calls} call(s), {d.llm.failed} failed; "
                                                 f"{count(d.llm.cache_tokens)} prompt-cache tokens)"))
@@ -160,7 +160,7 @@ def convergence(c: CampaignInfo, d: CampaignDigest) -> None:
     if points.empty:
         st.info("No trial has finished yet: the convergence charts appear with the first result.")
         return
-    per_problem = dict(tuple(points.groupby("problem_key", sort=False)))
+    per_problem = dict(tuple(points.groupby("problem_key", sort=False)))  # problem key -> its trials
     st.markdown(f"**Best so far vs trials** ({md_escape(source(c.backend, c.device))})")
     labels = {p.problem_key: params(p.problem) for p in d.problems}
     keys = [p.problem_key for p in d.problems if p.problem_key in per_problem]  # the table's order
@@ -168,12 +168,9 @@ def convergence(c: CampaignInfo, d: CampaignDigest) -> None:
         keys = st.multiselect("Problems to chart", keys, default=keys[:MAX_CHARTS],
                               format_func=lambda k: labels.get(k, k), key=f"chart_problems_{c.id}")
     y_title = "median ms" if c.backend != "interpret" else "median ms (CPU)"
-    cols = st.columns(2)
-    for i, key in enumerate(keys):
-        pts = per_problem[key]
-        with cols[i % 2]:
-            st.caption(f"{md_escape(labels.get(key, key))} · best {ms(pts['best_so_far_ms'].iloc[-1])}")
-            st.vega_lite_chart(charts.convergence_frame(pts), charts.convergence_spec(y_title), width="stretch")
+    panels = {key: f"{labels.get(key, key)} · best {ms(per_problem[key]['best_so_far_ms'].iloc[-1])}" for key in keys}
+    if panels:
+        st.vega_lite_chart(charts.convergence_frame(points, panels), charts.convergence_spec(y_title))
 
 
 def roofline_plot(c: CampaignInfo, d: CampaignDigest) -> None:
