@@ -20,6 +20,7 @@ import pytest
 from tests.export_fixture import PROBLEMS, TOKEN_COUNTS, build_store
 from tilepilot.cli import main
 from tilepilot.experiments import InputError
+from tilepilot.kernels.registry import param_defaults
 from tilepilot.storage.export import ExportEntry, export
 from tilepilot.storage.export_vllm import VLLM_KEYS, file_name
 from tilepilot.storage.queries import open_db
@@ -57,7 +58,7 @@ def winner_of(db: Path, problem: dict[str, Any]) -> dict[str, Any]:
 
 def exported(db: Path, fmt: str, **filters: Any) -> list[Any]:
     with open_db(db) as handle:
-        return export(handle, fmt, **filters)
+        return export(handle, fmt, param_defaults=param_defaults, **filters)
 
 
 # ---- vllm ---------------------------------------------------------------------------------------
@@ -153,7 +154,9 @@ def load_module(path: Path) -> ModuleType:
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:
-    return {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    """A triton.Config as the store writes the config: the export leaves out the parameters that
+    hold their default (matmul's VARIANT, SPLIT_K, ALIGN_HINT: the plain kernel takes none)."""
+    return {**param_defaults("matmul"), **cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +248,7 @@ def test_triton_picked_config_launches_the_matmul_kernel_under_the_interpreter(t
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got["config"] == config_dict(tuned.pick(M=48, N=80, K=96, dtype="fp16"))
+    assert {**param_defaults("matmul"), **got["config"]} == config_dict(tuned.pick(M=48, N=80, K=96, dtype="fp16"))
     assert got["err"] < 2e-3
 
 
@@ -453,3 +456,26 @@ def test_json_export_carries_baseline_median_config_recheck_and_learnings(db_pat
         assert entry["baseline"] == expected
         assert entry["evidence"]["learnings"] == sorted(learned[h] for h in entry["evidence"]["hypotheses"]
                                                         if h in learned)
+
+
+def test_triton_export_leaves_out_variant_parameters_at_their_default(tmp_path):
+    from tilepilot.storage.export_triton import render_triton
+
+    base = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8, "num_warps": 4,
+            "num_stages": 3}
+    defaults = param_defaults("matmul")
+    assert {"VARIANT", "SPLIT_K"} <= set(defaults)
+    plain = _entry({"M": 64, "N": 512, "K": 512, "dtype": "bf16"}, {**base, **defaults}, kernel="matmul")
+    split = _entry({"M": 16, "N": 512, "K": 8192, "dtype": "bf16"},
+                   {**base, **defaults, "VARIANT": "splitk", "SPLIT_K": 4}, kernel="matmul")
+    module = tmp_path / "only_plain.py"
+    module.write_text(render_triton([plain], source="x", defaults=defaults))
+    tuned = load_module(module)
+    assert tuned.VARIANT_PARAMS == [] and tuned.CONFIGS[0].kwargs == {k: v for k, v in base.items()
+                                                                       if not k.startswith("num_")}
+    module = tmp_path / "with_split.py"
+    module.write_text(render_triton([plain, split], source="x", defaults=defaults))
+    tuned = load_module(module)
+    assert tuned.VARIANT_PARAMS == ["SPLIT_K", "VARIANT"]
+    assert tuned.CONFIGS[1].kwargs["VARIANT"] == "splitk" and tuned.CONFIGS[1].kwargs["SPLIT_K"] == 4
+    assert "VARIANT" not in tuned.CONFIGS[0].kwargs

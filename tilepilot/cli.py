@@ -491,13 +491,14 @@ def _export_parser(sub: Any) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from tilepilot.kernels.registry import param_defaults
     from tilepilot.storage.export import export
     from tilepilot.storage.queries import open_db
 
     problem = _problem_filter(args.problem) or None
     with open_db(args.db) as db:
         files = export(db, args.format, campaign=args.campaign, kernel=args.kernel, device=args.device,
-                       problem=problem)
+                       problem=problem, param_defaults=param_defaults)
     if args.output is None:
         if len(files) > 1:
             raise InputError(f"--format {args.format} gives {len(files)} files ({', '.join(f.name for f in files)}): "

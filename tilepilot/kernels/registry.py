@@ -136,3 +136,13 @@ def _reset_for_tests() -> None:
         _registered.clear()
         _instances.clear()
         _plugins_loaded = False
+
+
+def param_defaults(kernel: str) -> dict[str, Any]:
+    """A kernel's parameters that have a default (its variants' own parameters, e.g. matmul's
+    VARIANT and SPLIT_K); none for a kernel this installation does not know."""
+    try:
+        params = get_family(kernel).space().params
+    except InputError:
+        return {}
+    return {p.name: p.default for p in params if p.default is not None}

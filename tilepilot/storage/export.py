@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,8 +173,11 @@ def _entry(r: dict[str, Any], hyps: dict[str, set[str]], learned: dict[str, str]
 # ---- dispatch ---------------------------------------------------------------------------------
 
 def export(db: ReadOnlyDB, fmt: str, *, campaign: str | int | None = None, kernel: str | None = None,
-           device: str | None = None, problem: Mapping[str, Any] | None = None) -> list[ExportFile]:
-    """Render the selected winners in `fmt` (one of FORMATS).
+           device: str | None = None, problem: Mapping[str, Any] | None = None,
+           param_defaults: Callable[[str], Mapping[str, Any]] | None = None) -> list[ExportFile]:
+    """Render the selected winners in `fmt` (one of FORMATS). `param_defaults(kernel)` names the
+    kernel's parameters that have a default (a variant's conditional parameters, e.g. matmul's
+    VARIANT and SPLIT_K): `--format triton` leaves them out where they hold their default.
 
     Raises InputError for an unknown format, an empty selection, or winners the format cannot
     carry (see each renderer).
@@ -201,7 +204,8 @@ def export(db: ReadOnlyDB, fmt: str, *, campaign: str | int | None = None, kerne
         return render_vllm(measured, kernel_chosen=kernel is not None)
     from tilepilot.storage.export_triton import render_triton
 
-    return [ExportFile("", render_triton(measured, source=str(db.path)))]
+    defaults = param_defaults(measured[0].kernel) if param_defaults is not None else {}
+    return [ExportFile("", render_triton(measured, source=str(db.path), defaults=defaults))]
 
 
 def _selection(campaign: Any, kernel: Any, device: Any, problem: Any) -> str:

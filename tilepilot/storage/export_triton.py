@@ -15,7 +15,8 @@ The text is deterministic: the same store and filters give the same bytes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tilepilot.experiments import InputError
@@ -86,9 +87,13 @@ def prune(configs: list[triton.Config], named_args: dict[str, Any], **kwargs: An
 '''
 
 
-def render_triton(entries: Sequence[ExportEntry], *, source: str) -> str:
+def render_triton(entries: Sequence[ExportEntry], *, source: str, defaults: Mapping[str, Any] | None = None) -> str:
     """The module's text. Raises InputError for winners of several kernels or devices, or problems
-    without an integer dimension."""
+    without an integer dimension. A parameter listed in `defaults` is left out of a config where it
+    holds its default value (a variant's own parameters: the base kernel does not take them); the
+    module's VARIANT_PARAMS lists the ones some exported config still carries."""
+    defaults = defaults or {}
+    entries = [_without_defaults(e, defaults) for e in entries]
     _one("kernel", {e.kernel for e in entries}, "--kernel")
     _one("device", {e.device for e in entries}, "--device")
     key = _int_fields(entries)
@@ -107,6 +112,8 @@ def render_triton(entries: Sequence[ExportEntry], *, source: str) -> str:
              f"SOURCE = {source!r}",
              f"KEY = {key!r}",
              f"CATEGORICAL = {categorical!r}",
+             f"VARIANT_PARAMS = {sorted({k for e in entries for k in e.config if k in defaults})!r}"
+             "  # a config carrying one of these needs the kernel variant that takes it",
              "DTYPES = {'float16': 'fp16', 'bfloat16': 'bf16', 'float32': 'fp32'}  # torch dtype -> problem dtype",
              "",
              "CONFIGS: list[triton.Config] = ["]
@@ -122,6 +129,15 @@ def render_triton(entries: Sequence[ExportEntry], *, source: str) -> str:
         lines.append(f"    ({e.problem!r}, [{refs}]),  # {_note(e)}")
     lines.append("]")
     return "\n".join(lines) + "\n" + _FUNCTIONS
+
+
+def _without_defaults(e: ExportEntry, defaults: Mapping[str, Any]) -> ExportEntry:
+    def strip(config: dict[str, Any] | None) -> dict[str, Any] | None:
+        if config is None:
+            return None
+        return {k: v for k, v in config.items() if not (k in defaults and v == defaults[k])}
+
+    return dataclasses.replace(e, config=strip(e.config), runner_up_config=strip(e.runner_up_config))
 
 
 def _one(what: str, values: set[str], flag: str) -> None:
