@@ -333,9 +333,8 @@ def _reduce_constexprs(config: Config) -> dict[str, int]:
 
 def _splitk_launcher(problem: Problem, config: Config, a: Any, b: Any, out: Any,
                      compiled: Any | None) -> Callable[[], None]:
-    """Two launches: the partial products into a workspace allocated here (outside the timed
-    closure), then their reduction into `out`."""
-    import torch
+    """Two launches: the partial products into the workspace (`_workspace`, allocated here,
+    outside the timed closure), then their reduction into `out`."""
 
     from tilepilot.kernels import matmul_splitk_triton
 
@@ -343,7 +342,7 @@ def _splitk_launcher(problem: Problem, config: Config, a: Any, b: Any, out: Any,
     split = int(setting(config, "SPLIT_K"))
     fn, ints, constexprs = _kernel(problem, config)
     tiles = -(-m // int(config["BLOCK_SIZE_M"])) * -(-n // int(config["BLOCK_SIZE_N"]))
-    ws = torch.empty(split * m * n, dtype=torch.float32, device=a.device)
+    ws = _workspace(split * m * n, a.device)
     partials = launch(fn, (tiles, split, 1), {"a_ptr": a, "b_ptr": b, "ws_ptr": ws, **ints}, constexprs, config,
                       None if compiled is None else compiled.main)
     reduce_grid = (-(-(m * n) // matmul_splitk_triton.REDUCE_BLOCK), 1, 1)
@@ -357,6 +356,26 @@ def _splitk_launcher(problem: Problem, config: Config, a: Any, b: Any, out: Any,
         reduce()
 
     return run
+
+
+_WORKSPACES: dict[str, Any] = {}  # device -> the largest split-K workspace made there so far
+
+
+def _workspace(numel: int, device: Any) -> Any:
+    """`numel` fp32 elements of this process's split-K workspace on `device`, grown when too small.
+
+    One workspace shared by every split-K launch, as a GEMM library keeps one: launches run one
+    after another on a stream, each writing its partials and reducing them before the next starts.
+    The evaluator builds launches for every input set, cold copy and config of a batch before it
+    times them; one workspace each would not fit (63 split-K configs × 8 copies × 480 MB)."""
+    import torch
+
+    key = str(device)
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.numel() < numel:
+        _WORKSPACES.pop(key, None)  # launches built on the old one keep it alive as long as they live
+        ws = _WORKSPACES[key] = torch.empty(numel, dtype=torch.float32, device=device)
+    return ws[:numel]
 
 
 def _programs(a: Any) -> int:
