@@ -217,9 +217,9 @@ def test_two_executors_share_a_named_worker_in_turns(ray_session: None, markers:
     try:
         assert first.slots[0].info.child_pid == second.slots[0].info.child_pid  # one worker, found by name
         for n, ex in enumerate((first, second)):
-            for i in range(3):
+            for i in range(2):
                 ex.submit(Batch(10 * n + i, problems[ex], (cfg(*TILES[i], "sleep"),), (10 * n + i,)))
-        results = poll_all([first, second], 6)
+        results = poll_all([first, second], 4)
         waited = [e for ex in (first, second) for e in ex.events() if e.kind == "waited"]
     finally:
         first.close()
@@ -231,7 +231,7 @@ def test_two_executors_share_a_named_worker_in_turns(ray_session: None, markers:
     assert all(spans[i][1] <= spans[i + 1][0] for i in range(len(spans) - 1)), "two measurements at once"
     owners = [label for _, _, label in spans]
     switches = sum(owners[i] != owners[i + 1] for i in range(len(owners) - 1))
-    assert switches >= 3, f"the two executors did not take turns: {owners}"
+    assert switches >= 3, f"the two executors did not take turns: {owners}"  # a, b, a, b
     assert waited, "no batch waited for its turn on the shared worker"
 
 

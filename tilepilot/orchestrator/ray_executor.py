@@ -79,6 +79,7 @@ JOIN_GRACE_S = 5.0  # after the first worker answers, how long start-up waits fo
 WAITED_NOTE_S = 1.0  # a batch that waited this long for a shared worker's turn is logged
 WAITING_NOTE_S = 10.0  # a worker not started after this long is logged as waiting for resources
 SAMPLE_WAIT_S = 10.0
+RENAME_WAIT_S = 0.5  # shared: a lost actor's name may stay bound to it for a moment; ask again this much later
 REASON_CHARS = 300
 
 
@@ -102,6 +103,8 @@ class _Slot:
     lost_at: float | None = None  # when the slot lost its last working actor
     why: str = ""  # why the current actor was started ("" for the first)
     strikes: list[str] = field(default_factory=list)  # lost or failed actors in a row
+    dead: list[Any] = field(default_factory=list)  # handles of its lost actors
+    retry_at: float | None = None  # shared: when to ask for its name again (still bound to a dead actor)
     quarantined: str = ""
     busy: bool = False
     noted_waiting: bool = False
@@ -187,6 +190,7 @@ class RayExecutor(Executor):
 
     def poll(self, timeout_s: float) -> list[tuple[Batch, list[Result]]]:
         finished, self.settled = self.settled, []
+        self._relaunch_due()
         # one compile ref may serve several batches (the pool compiles each cache key once)
         refs = list(dict.fromkeys([r for p in self.compiling for r in p.compiles]
                                   + list(self.running_refs) + list(self._starts)))
@@ -283,11 +287,33 @@ class RayExecutor(Executor):
         slot.actor = EvalWorker.options(**opts).remote(self.backend, worker_id=slot.worker_id)
         slot.info = None
         slot.busy = False
+        slot.why = why
+        slot.retry_at = None
         slot.starting = slot.actor.info.remote()
         self._starts[slot.starting] = slot
         slot.since = time.monotonic()
-        slot.why = why
         slot.noted_waiting = False
+
+    def _starting(self) -> bool:
+        return bool(self._starts) or any(s.retry_at is not None and not s.quarantined for s in self.slots)
+
+    def _wait_starts(self, timeout_s: float, *, first: bool = False) -> None:
+        """Wait up to `timeout_s` for a starting worker to answer (or a name to ask for again)."""
+        self._relaunch_due()
+        if not self._starts:
+            time.sleep(min(timeout_s, RENAME_WAIT_S))
+            return
+        done, _ = ray.wait(list(self._starts), num_returns=1, timeout=min(timeout_s, RENAME_WAIT_S))
+        for ref in done:
+            if ref in self._starts:
+                self._started(self._starts[ref], first=first)
+
+    def _relaunch_due(self) -> None:
+        """Ask again for shared workers whose names were still bound to their lost actors."""
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.retry_at is not None and slot.retry_at <= now and not slot.quarantined:
+                self._launch(slot, slot.why)
 
     def _await_first(self) -> WorkerInfo:
         """Wait for the first worker to answer (and a little for the others); its info."""
@@ -295,13 +321,10 @@ class RayExecutor(Executor):
         while not any(s.ready for s in self.slots):
             self._check_usable()
             left = deadline - time.monotonic()
-            if not self._starts or left <= 0:
+            if not self._starting() or left <= 0:
                 raise NoWorkerLeft(f"no worker started within {self.startup_timeout_s:g} s "
                                    f"({len(self.slots)} asked for with {_describe_options(self._options)})")
-            done, _ = ray.wait(list(self._starts), num_returns=1, timeout=left)
-            for ref in done:
-                if ref in self._starts:
-                    self._started(self._starts[ref], first=True)
+            self._wait_starts(left, first=True)
         if self._starts:
             done, _ = ray.wait(list(self._starts), num_returns=len(self._starts), timeout=JOIN_GRACE_S)
             for ref in done:
@@ -319,6 +342,9 @@ class RayExecutor(Executor):
         try:
             info: WorkerInfo = fetch(ref)
         except LOST as e:
+            if any(actor == dead for dead in slot.dead):  # shared: its name still names the lost actor
+                slot.actor, slot.retry_at = None, time.monotonic() + RENAME_WAIT_S
+                return
             self._lose(slot, actor, f"its actor failed to start: {_line(e)}")
             return
         if self._expected is None:
@@ -347,10 +373,13 @@ class RayExecutor(Executor):
         where = slot.where()
         slot.info = None
         slot.busy = False
+        slot.dead = [*slot.dead[-(QUARANTINE_AFTER - 1):], actor]
         if slot.starting is not None:
             self._starts.pop(slot.starting, None)
             slot.starting = None
         slot.strikes.append(reason)
+        if not self.shared:
+            ray.kill(actor)  # it may only be unreachable: it must not keep its GPU from the new one
         self._event("worker_lost", f"worker {slot.worker_id} on node {where['node'][:8]} ({where['host']}) lost: "
                     f"{reason}", **where, reason=reason)
         if len(slot.strikes) >= QUARANTINE_AFTER:
@@ -367,6 +396,7 @@ class RayExecutor(Executor):
         reason = _line(reason)
         where = slot.where()
         slot.quarantined = reason
+        slot.retry_at = None
         if slot.starting is not None:
             self._starts.pop(slot.starting, None)
             slot.starting = None
@@ -378,7 +408,8 @@ class RayExecutor(Executor):
         self._check_usable()
         now = time.monotonic()
         for slot in self.slots:
-            if slot.starting is not None and not slot.noted_waiting and now - slot.since > WAITING_NOTE_S:
+            waiting = slot.starting is not None or (slot.retry_at is not None and not slot.quarantined)
+            if waiting and not slot.noted_waiting and now - slot.since > WAITING_NOTE_S:
                 slot.noted_waiting = True
                 self._event("waiting", f"worker {slot.worker_id} not started after {now - slot.since:.0f} s: it "
                             f"waits for {_describe_options(self._options)} (held by other jobs, or on a node "
@@ -416,12 +447,9 @@ class RayExecutor(Executor):
                 return next((s for s in ready if not s.busy), ready[0])
             self._check_usable()
             left = deadline - time.monotonic()
-            if not self._starts or left <= 0:
+            if not self._starting() or left <= 0:
                 raise NoWorkerLeft(f"no worker available within {self.startup_timeout_s:g} s")
-            done, _ = ray.wait(list(self._starts), num_returns=1, timeout=left)
-            for ref in done:
-                if ref in self._starts:
-                    self._started(self._starts[ref])
+            self._wait_starts(left)
 
     def _event(self, kind: str, message: str, **data: Any) -> None:
         log.log(logging.WARNING if kind in ("worker_lost", "quarantined", "requeued") else logging.INFO, "%s", message)
