@@ -500,7 +500,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
 def versions() -> dict[str, str]:
@@ -508,11 +508,12 @@ def versions() -> dict[str, str]:
     out = {p: version(p) for p in ("streamlit", "altair", "pandas", "sqlite-utils")}
     import sqlite3
     out["sqlite"] = sqlite3.sqlite_version
-    try:
-        out["tilepilot_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                                 capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        out["tilepilot_commit"] = "unknown"
+    for name, cmd in (("tilepilot_commit", ["git", "rev-parse", "--short", "HEAD"]),
+                      ("dashboard_commit", ["git", "log", "-1", "--format=%h", "--", "tilepilot/dashboard"])):
+        try:
+            out[name] = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            out[name] = "unknown"
     return out
 
 
