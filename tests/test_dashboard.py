@@ -810,3 +810,21 @@ def test_graph_layout_does_not_depend_on_the_order_the_rows_came_in():
             g.add_node(v, kind="hypothesis")
             g.add_edge(u, v, key=k)
     assert network.layout(forward) == network.layout(backward)
+
+
+# -- a busy store ------------------------------------------------------------------------------------
+
+def test_every_page_renders_the_render_benchmarks_store(monkeypatch, tmp_path):
+    """The store bench/dashboard_render.py times (many campaigns, two kernels, two devices, re-orderings,
+    a ledger, model calls, eight GPUs on two nodes), at 1500 experiments: every page renders it."""
+    from bench import dashboard_render
+    path = tmp_path / "busy.db"
+    dashboard_render.build(path, 1500)
+    at = page(monkeypatch, path)
+    assert at.title[0].value == "Overview" and "mm-big · running" in at.subheader[0].value
+    for screen, title in list(dashboard_render.PAGES.items())[1:]:
+        at.switch_page(f"screens/{screen}.py").run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.title[0].value == title
+    at.switch_page("screens/gpus.py").run()
+    assert [s.value for s in at.subheader] == ["Node node-a · 4 GPU(s)", "Node node-b · 4 GPU(s)"]
