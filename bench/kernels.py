@@ -9,7 +9,8 @@ campaigns use (tilepilot.kernels.timing: CUDA events, or CUDA-graph replay for s
 L2 cold or warm as the family says; rounds until a 1% spread or a 100 ms cap per arm):
 - `tuned`: the fastest config of the family's recorded full grid for that problem
   (data/replay/FAMILY-h100.jsonl), when the grid was recorded; for matmul the fastest over all
-  shipped matmul datasets (the tutorial grid and the kernel variants' grids: the best variant);
+  shipped matmul datasets (the tutorial grid and the kernel variants' grids: the best variant),
+  each config's median taken relative to the baseline recorded in the same dataset;
 - matmul `tuned-grouped`: the fastest config of the tutorial grid alone (data/replay/matmul-h100.jsonl,
   the plain grouped kernel), when the best variant is another config;
 - `default`: the config the family uses untuned (`default_config`);
@@ -87,18 +88,27 @@ def datasets(kernel: str) -> list[Path]:
 
 
 def tuned_configs(kernel: str, paths: list[Path] | None = None) -> dict[str, Config]:
-    """Problem key -> the fastest config recorded for it over the datasets (`datasets(kernel)`)."""
+    """Problem key -> the fastest config recorded for it over the datasets (`datasets(kernel)`).
+
+    Datasets recorded in different runs (other timing settings, another day) are compared through
+    their own baseline: a config's median over the baseline's median of the same dataset, where
+    every dataset holding the problem has a baseline line for it; the raw median otherwise."""
     from tilepilot.kernels import get_family
     from tilepilot.orchestrator.replay import load_dataset
 
-    best: dict[str, tuple[float, str, Config]] = {}
+    found: dict[str, list[tuple[float, float | None, Config]]] = {}
     for path in datasets(kernel) if paths is None else paths:
         ds = load_dataset(path, get_family(kernel))
         for p in ds.problems:
-            for c, r in ds.records(p).items():
-                if r.median_ms is not None and (r.median_ms, c.key()) < best.get(p.key(), (math.inf, ""))[:2]:
-                    best[p.key()] = (r.median_ms, c.key(), c)
-    return {k: v[2] for k, v in best.items()}
+            base = ds.baseline(p)
+            found.setdefault(p.key(), []).extend(
+                (r.median_ms, base[1].median_ms if base else None, c) for c, r in ds.records(p).items()
+                if r.median_ms is not None)
+    out = {}
+    for key, rows in found.items():
+        relative = all(b is not None for _, b, _ in rows)
+        out[key] = min(rows, key=lambda x: (x[0] / x[1] if relative and x[1] else x[0], x[2].key()))[2]
+    return out
 
 
 class Arms:
