@@ -4,6 +4,8 @@ them, their conditional constraints and the alignment the hint asserts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tilepilot.experiments import Config, InputError, Problem
@@ -214,3 +216,36 @@ def test_recorded_dataset_without_variant_keys_replays_as_the_grouped_kernel() -
     space = ds.space(FAMILY, p)
     assert space.param("VARIANT").choices == ("grouped",) and space.param("SPLIT_K").choices == (1,)
     assert len(space.valid(p)) == sum(r.status.value != "invalid" for r in records.values())
+
+
+def test_recorded_variants_dataset_is_each_problems_variants_grid_with_cublas(tmp_path: Path) -> None:
+    import sys
+
+    from tilepilot.experiments import Status
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+    from tilepilot.orchestrator.tune import TuneOptions, tune
+    from tilepilot.storage.queries import best, open_db
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import record  # type: ignore[import-not-found]
+
+    path = DATA_DIR / "matmul-variants-h100.jsonl.gz"
+    ds = load_dataset(path, FAMILY)
+    assert len(ds.problems) == 29
+    for p in ds.problems:
+        records = ds.records(p)
+        assert set(records) == set(record.variants_grid(p)), p.label()
+        for c, r in records.items():  # refused configs recorded as invalid, never timed; no failure otherwise
+            assert (FAMILY.space().check(c, p) is None) == (r.status is not Status.INVALID), (p.label(), c.label())
+            assert r.status in (Status.OK, Status.INVALID), (p.label(), c.label(), r.message)
+        assert ds.baseline(p)[0] == FAMILY.baseline_name and {r.env.device for r in records.values()} == {
+            "NVIDIA H100 80GB HBM3"}
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('[campaign]\nname = "v"\nkernel = "matmul"\nproposer = "rules"\nbudget = 6\nseed = 1\n')
+    tune(TuneOptions(campaign=campaign, backend="replay", dataset=path, db=tmp_path / "t.db"))
+    with open_db(tmp_path / "t.db") as db:
+        winners = best(db, campaign="v")
+    assert len(winners) == 29
+    for w in winners:
+        problem = next(p for p in ds.problems if p.key() == w.problem_key)
+        assert w.median_ms == ds.records(problem)[FAMILY.space().parse(w.config)].median_ms
