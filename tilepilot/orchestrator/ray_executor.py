@@ -146,7 +146,8 @@ class RayExecutor(Executor):
         first = self._await_first()
         self.environment: Environment = first.environment
         self.target = first.target
-        self.pool = CompilePool(gpu_worker_cpus=GPU_WORKER_CPUS, shared=self.shared) if backend == "gpu" else None
+        self.pool = (CompilePool(gpu_worker_cpus=GPU_WORKER_CPUS, shared=self.shared, env=worker_env)
+                     if backend == "gpu" else None)  # the same TRITON_CACHE_DIR as the GPU workers'
 
     def _worker_ids(self, count: int | None) -> list[str]:
         if self.backend == "gpu":
