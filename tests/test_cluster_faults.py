@@ -170,7 +170,7 @@ def test_node_killed_mid_campaign_its_batch_is_requeued_and_finished_on_the_othe
         assert node.returncode == 0, out
         proc = tune(cluster, campaign(cluster.tmp / "kill.toml", "node-kill", 8, [(32, 32, 32)]), db, 2)
         victim = _wait_for_busy(cluster.markers, node.pid, proc)
-        t0 = time.monotonic()
+        t0, killed_at = time.monotonic(), time.time()
         left = _kill_session(node.pid)  # the whole second node: raylet, workers, the child measuring
         assert not left, f"processes of the second node left: {left}"
         finish(proc)
@@ -184,6 +184,8 @@ def test_node_killed_mid_campaign_its_batch_is_requeued_and_finished_on_the_othe
     losses = events(db, "worker_lost")
     assert len(losses) == 1, "\n".join(f"{k}: {m}" for k, m in everything)
     [lost] = losses
+    [(lost_at,)] = query(db, "SELECT ts FROM events WHERE kind = 'worker_lost'")
+    print(f"the driver saw the node's worker lost {lost_at - killed_at:.1f} s after the kill")
     dead_node = lost["node"]
     assert lost["worker"] in started and started[lost["worker"]] == dead_node
     assert "The actor died" in lost["reason"] or "is unavailable" in lost["reason"]  # Ray says which it saw first

@@ -158,6 +158,7 @@ def _events(db: Path, kind: str) -> list[tuple[str, dict[str, Any]]]:
 def test_worker_whose_children_keep_dying_is_quarantined_and_the_campaign_finishes_on_the_other(
         ray_session: None, tmp_path: Path) -> None:
     store, cid, driver = _campaign(tmp_path, workers=2, sick="interpret-1")
+    t0 = time.time()
     try:
         winners = driver.run()
         trials = store.campaign_results(cid)
@@ -170,6 +171,10 @@ def test_worker_whose_children_keep_dying_is_quarantined_and_the_campaign_finish
     assert {r.status for _, r in trials} == {Status.OK}  # the failing worker blamed no config
     assert {r.extra["worker"] for _, r in trials} == {"interpret-0"}
     [(message, data)] = _events(tmp_path / "t.db", "quarantined")
+    con = sqlite3.connect(tmp_path / "t.db")
+    [(quarantined_at,)] = con.execute("SELECT ts FROM events WHERE kind = 'quarantined'").fetchall()
+    con.close()
+    print(f"interpret-1 quarantined {quarantined_at - t0:.1f} s after the campaign started")
     assert data["worker"] == "interpret-1" and "3 infrastructure failures in a row" in data["reason"]
     assert "died (exit code 5)" in data["reason"] and "running a health request" in data["reason"]
     assert "\n" not in message
