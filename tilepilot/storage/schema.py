@@ -313,6 +313,8 @@ CREATE INDEX llm_calls_campaign ON llm_calls(campaign_id, id);
 #   "stop"); `gpu_seconds` and `llm_cost_usd` spent; `estimate` the dry-run estimate and, at the
 #   end, the actual beside it (JSON).
 # - queue: `pinned` keeps an entry at the head of its campaign's queue, whatever the re-scoring says.
+# - indexes for the recently-done queue and a campaign's trials in order (the dashboard and CLI
+#   at 100k experiments).
 # - experiments: `origin` is "" for an experiment measured by tilepilot, else where it came from
 #   ("vllm:<file>", "triton-cache:<dir>"): imported, not measured here; `origin_data` (JSON) what the
 #   source said about it (vLLM: the file's key M; Triton's cache: its tuning key, its own timings in ms
@@ -339,6 +341,8 @@ ALTER TABLE campaigns ADD COLUMN llm_cost_usd REAL NOT NULL DEFAULT 0;
 ALTER TABLE campaigns ADD COLUMN estimate TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE queue ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE experiments ADD COLUMN origin TEXT NOT NULL DEFAULT '';
+CREATE INDEX queue_state_finished ON queue(state, finished_at);
+CREATE INDEX trials_campaign_id ON trials(campaign_id, id);
 ALTER TABLE experiments ADD COLUMN origin_data TEXT NOT NULL DEFAULT '{}';
 """
 
