@@ -127,3 +127,7 @@ class TestProposerContract:
         _check_batch(p, state, batch, 6)
         assert len(batch) == 6
         p.close()
+
+
+def test_the_default_proposer_is_the_portfolio() -> None:
+    assert DEFAULT_PROPOSER == "portfolio"

@@ -20,7 +20,7 @@ PROPOSERS: Registry = {
     "rules": "tilepilot.agents.rules:RulesProposer",
 }
 
-DEFAULT_PROPOSER = "optuna"
+DEFAULT_PROPOSER = "portfolio"  # rules, optuna and random (and llm with a key), slots by what each delivers
 
 
 def proposer_names() -> list[str]:
