@@ -1,7 +1,8 @@
 """Search efficiency of the proposers on recorded data: how few measurements reach the optimum.
 
     python bench/search.py --dataset data/replay/matmul-h100.jsonl --out bench/results/search-h100.json \\
-        [--protocol lopo|dev-split] [--proposers random,grid,optuna,rules,portfolio] [--seeds 10] [--jobs 2]
+        [--protocol lopo|dev-split] [--proposers random,grid,optuna,optuna-gp,rules,portfolio] [--seeds 10]
+        [--slow-seeds 3] [--jobs 2]
     python bench/search.py --arm warm --out bench/results/warm-start-h100.json \\
         [--proposers rules,portfolio,optuna,random] [--seeds 5]
 
@@ -11,13 +12,16 @@ backend, driven in process by `drive` below: the driver's loop without the store
 space's constraints as `invalid` for free, answer the others from the dataset, hand each
 result to `observe` one at a time as the driver does, count distinct configs measured). The
 space of a problem is exactly its recorded configs (`ReplayDataset.space`), as in `tilepilot
-tune --backend replay`.
+tune --backend replay`. `optuna-gp` asks inline (`GpSettings(synchronous=True)`, deterministic;
+a campaign asks ahead in a background thread instead) and, being slow (a GP fit per ask), runs
+the first `--slow-seeds` seeds only.
 
 Measures, for each proposer (the budget is the campaign's budget, so Optuna's startup size
 follows it as it would in a real campaign):
 - `to_2pct`: distinct configs measured until the best is within 2% of the dataset optimum,
-  in a campaign whose budget is the whole recorded grid (median over seeds per problem,
-  then the median and the worst over problems);
+  in a campaign whose budget is the whole recorded grid, stopped once it gets there (the count
+  depends only on what came before; median over seeds per problem, then the median and the
+  worst over problems);
 - `regret@B`: best found / optimum - 1 after a campaign of budget B = 5%, 10%, 20% of the
   grid (8, 16, 32 of 162): mean over seeds and problems, median over problems, worst problem
   (its mean over seeds), worst single run, problems within 2% in every seed.
@@ -70,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit_rules import fit, problem_data
 
 from tilepilot.agents.base import Proposer, ProposerContext, SearchState
+from tilepilot.agents.optuna_gp import GpSettings, OptunaGpProposer
 from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
 from tilepilot.agents.registry import get_proposer
 from tilepilot.agents.rules import RulesProposer
@@ -84,7 +89,8 @@ log = logging.getLogger("search")
 KERNEL = "matmul"
 BATCH = 4
 TOLERANCE = 0.02
-PROPOSERS = ("random", "grid", "optuna", "rules", "portfolio")
+PROPOSERS = ("random", "grid", "optuna", "optuna-gp", "rules", "portfolio")
+SLOW = ("optuna-gp",)  # run on the first --slow-seeds seeds only
 PROTOCOLS = ("lopo", "dev-split")
 BUDGET_FRACTIONS = (0.05, 0.10, 0.20)
 # The development problems of `--protocol dev-split` (labels as Problem.label()): the first
@@ -108,7 +114,10 @@ class Trace:
 
 
 def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) -> Proposer:
-    """A registered proposer; `rules` (alone or in the portfolio) with the given model constants."""
+    """A registered proposer; `rules` (alone or in the portfolio) with the given model constants;
+    `optuna-gp` asking inline."""
+    if name == "optuna-gp":
+        return OptunaGpProposer(ctx, GpSettings(synchronous=True))
     if constants is None:
         return get_proposer(name)(ctx)
     if name == "rules":
@@ -233,8 +242,10 @@ def _task(args: Task) -> tuple[str, str, int, int, list[float | None], float]:
     proposer, problem_key, seed, budget, constants = args
     assert _DATASET is not None
     problem = next(p for p in _DATASET.problems if p.key() == problem_key)
+    reach = budget == len(_DATASET.records(problem))  # stop at the target: to_2pct reads no further
+    stop_ms = (_DATASET.optimum_ms(problem) or math.inf) * (1 + TOLERANCE) if reach else None
     t0 = time.perf_counter()
-    trace = drive(_DATASET, problem, proposer, seed, budget, constants)
+    trace = drive(_DATASET, problem, proposer, seed, budget, constants, stop_ms=stop_ms)
     return proposer, problem_key, seed, budget, list(trace.times_ms), time.perf_counter() - t0
 
 
@@ -345,14 +356,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     budgets = [max(1, round(f * grid)) for f in BUDGET_FRACTIONS]
     proposers = [s for s in args.proposers.split(",") if s]
     seeds = list(range(args.seeds))
+    seeds_of = {name: seeds[:1] if name == "grid" else seeds[:args.slow_seeds] if name in SLOW else seeds
+                for name in proposers}
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset),)) as pool:
-        constants = fold_constants(pool, dataset, args.protocol)
-        log.info("rules constants fitted (%s) in %.0f s", args.protocol, time.perf_counter() - t0)
+        fitted = any(n in ("rules", "portfolio") for n in proposers)
+        constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
+        if fitted:
+            log.info("rules constants fitted (%s) in %.0f s", args.protocol, time.perf_counter() - t0)
         tasks: list[Task] = [
             (name, p.key(), s, b, constants[p.key()] if name in ("rules", "portfolio") else None)
-            for name in proposers for p in problems for s in seeds
-            for b in ([*budgets, len(dataset.records(p))] if name != "grid" or s == 0 else [])]
+            for name in proposers for p in problems for s in seeds_of[name]
+            for b in [*budgets, len(dataset.records(p))]]
         done = pool.map(_task, tasks, chunksize=1)
     wall = time.perf_counter() - t0
     by_key = {p.key(): p for p in problems}
@@ -373,7 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if budget in regret:
                 regret[budget].setdefault(p.label(), []).append(best_after(trace, budget) / opt - 1.0)
         out[name] = {
-            "seeds": 1 if name == "grid" else len(seeds),
+            "seeds": len(seeds_of[name]),
             "to_2pct": {"held_out": summarise_reach(reach, held_out), "all": summarise_reach(reach, labels),
                         "per_problem": {k: statistics.median(v) for k, v in reach.items()}},
             "regret": {str(b): {"held_out": summarise_regret(regret[b], held_out),
@@ -390,7 +405,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "method": __doc__.split("Method. ")[1].split("\n\nHeld out.")[0].replace("\n", " "),
         "protocol": args.protocol,
         "held_out_method": __doc__.split("Held out. ")[1].replace("\n", " ").strip(),
-        "rules_constants": {p.label(): dataclasses.asdict(constants[p.key()]) for p in problems},
+        "rules_constants": {p.label(): dataclasses.asdict(c) for p in problems if (c := constants.get(p.key()))},
         "dev_problems": list(DEV_PROBLEMS),
         "held_out_problems": held_out,
         "grid": grid, "budgets": budgets, "batch": BATCH, "tolerance": TOLERANCE, "seeds": seeds,
@@ -532,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocol", choices=PROTOCOLS, default="lopo")
     p.add_argument("--proposers", help=f"default: {','.join(PROPOSERS)} (search), {','.join(WARM_PROPOSERS)} (warm)")
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--slow-seeds", type=int, default=3, help=f"seeds of the slow proposers ({', '.join(SLOW)})")
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

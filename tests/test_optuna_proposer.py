@@ -223,3 +223,16 @@ def test_other_params_keep_their_order_or_become_categorical() -> None:
     }
     assert all(codec.to_config(codec.to_params(c) or {}) == c for c in space)
     assert codec.to_params(Config.of({"gaps": 4, "even": 16, "f": 0.5, "kind": "a", "on": True, "one": 3})) is None
+
+
+def test_a_dropped_config_has_its_trial_failed() -> None:
+    p = OptunaProposer(context(seed=5))
+    state = SearchState()
+    batch = p.propose(state, 3)
+    state.pending.update(c.config for c in batch[1:])
+    state.dropped.add(batch[0].config)  # taken off the queue unmeasured: no result will come
+    p.propose(state, 1)
+    trial = next(t for t in p.study.trials if _config(t, p) == batch[0].config)
+    assert trial.state is TrialState.FAIL and trial.user_attrs["origin"] == "dropped"
+    assert len(_running(p)) == 3  # the two still pending and the new one
+    p.close()

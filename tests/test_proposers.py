@@ -24,12 +24,12 @@ from tilepilot.experiments import Candidate, Config, InputError, Result, Status
 
 
 def test_registry_lists_every_proposer_and_the_default() -> None:
-    assert proposer_names() == ["grid", "llm", "optuna", "portfolio", "random", "rules"]
+    assert proposer_names() == ["grid", "llm", "optuna", "optuna-gp", "portfolio", "random", "rules"]
     assert DEFAULT_PROPOSER in proposer_names()
 
 
 def test_unknown_proposer_names_the_known_ones() -> None:
-    known = "grid, llm, optuna, portfolio, random, rules"
+    known = "grid, llm, optuna, optuna-gp, portfolio, random, rules"
     with pytest.raises(InputError, match=rf"unknown proposer 'x' \(known proposers: {known}\)"):
         get_proposer("x")
 
@@ -47,7 +47,9 @@ def _check_batch(proposer: Proposer, state: SearchState, batch: list[Candidate],
 
 
 # `llm` needs a model: tests/test_llm_proposer.py runs this class on it through the SDK's mock transport.
-@pytest.mark.parametrize("name", [n for n in proposer_names() if n != "llm"])
+# `optuna-gp` asks ahead in a thread by default: tests/test_optuna_gp.py runs this class on it, inline
+# and in the background.
+@pytest.mark.parametrize("name", [n for n in proposer_names() if n not in ("llm", "optuna-gp")])
 class TestProposerContract:
     def make(self, name: str, **kw: object) -> Proposer:
         return get_proposer(name)(context(**kw))  # type: ignore[arg-type]

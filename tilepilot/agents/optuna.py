@@ -17,7 +17,11 @@ proposers, the store, warm start) are added as finished trials where they lie in
 Within `propose`, suggestions that cost nothing are told at once and asked again: configs
 the space's constraints reject (infeasible) and configs already seen (their known outcome,
 or FAIL while still in flight). After `MAX_FREE_ASKS` such suggestions in a row, an unseen
-valid config chosen at random is enqueued and asked instead.
+valid config chosen at random is enqueued and asked instead. A config taken off the queue
+unmeasured (`state.dropped`) has its trial told as FAIL.
+
+`optuna_gp.OptunaGpProposer` is this proposer with Optuna's GP sampler; the hooks it
+overrides are marked "(hook)".
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import logging
 import math
 import random
 from collections.abc import Sequence
+from typing import Any
 
 import optuna
 from optuna.trial import Trial, TrialState, create_trial
@@ -44,15 +49,14 @@ RETRYABLE = (Status.TIMEOUT, Status.OOM)
 
 class OptunaProposer(Proposer):
     name = "optuna"
+    sampler_label = "TPE"  # how rationales name the model
 
     def __init__(self, ctx: ProposerContext) -> None:
         super().__init__(ctx)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.n_startup = max(1, min(8, ctx.budget // 4))
-        sampler = optuna.samplers.TPESampler(
-            seed=ctx.seed, n_startup_trials=self.n_startup, multivariate=True, constant_liar=True)
         self.study = optuna.create_study(
-            direction="minimize", sampler=sampler, study_name=f"{ctx.kernel} {ctx.problem.label()}")
+            direction="minimize", sampler=self._sampler(), study_name=f"{ctx.kernel} {ctx.problem.label()}")
         self._codec = ParamCodec(ctx.space)
         self._rng = random.Random(ctx.seed)
         self._running: dict[Config, Trial] = {}  # proposed, result not yet told
@@ -60,16 +64,21 @@ class OptunaProposer(Proposer):
         self._valid: list[Config] | None = None
         self._worst: float | None = None  # worst feasible objective value so far
 
+    def _sampler(self) -> optuna.samplers.BaseSampler:
+        """(hook) The study's sampler."""
+        return optuna.samplers.TPESampler(
+            seed=self.ctx.seed, n_startup_trials=self.n_startup, multivariate=True, constant_liar=True)
+
     # ---- the contract --------------------------------------------------------------
     def propose(self, state: SearchState, n: int) -> list[Candidate]:
         self._absorb(state)
+        self._drop(state.dropped)
         seen = state.seen | set(self._running)
         out: list[Candidate] = []
         for _ in range(max(n, 0)):
-            unseen = [c for c in self._valid_configs() if c not in seen]
-            if not unseen:
+            candidate = self._ask(state, seen)
+            if candidate is None:
                 break
-            candidate = self._next(state, seen, unseen)
             seen.add(candidate.config)
             out.append(candidate)
         return out
@@ -95,15 +104,25 @@ class OptunaProposer(Proposer):
         self._running.clear()
 
     # ---- asking --------------------------------------------------------------------
+    def _ask(self, state: SearchState, seen: set[Config]) -> Candidate | None:
+        """One new candidate, or None when every valid config is seen."""
+        unseen = [c for c in self._valid_configs() if c not in seen]
+        return self._next(state, seen, unseen) if unseen else None
+
+    def _max_free_asks(self) -> int:
+        """(hook) Suggestions told at once per candidate before the fallback."""
+        return MAX_FREE_ASKS
+
     def _next(self, state: SearchState, seen: set[Config], unseen: list[Config]) -> Candidate:
         free = 0
-        while free < MAX_FREE_ASKS:
+        last: Config | None = None  # the model's last suggestion (told at once)
+        while free < self._max_free_asks():
             done = self._n_done()
             trial = self.study.ask(self._codec.distributions)
             try:
                 config = self._codec.to_config(trial.params)
                 if self._told_at_once(trial, config, state, seen):
-                    free += 1
+                    free, last = free + 1, config
                     continue
             except BaseException:
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
@@ -112,7 +131,7 @@ class OptunaProposer(Proposer):
             self._running[config] = trial
             why = self._why(trial.number, config, done, state, free)
             return Candidate(self.ctx.problem, config, self.name, why)
-        return self._fallback(unseen, free)
+        return self._fallback(unseen, free, last)
 
     def _told_at_once(self, trial: Trial, config: Config, state: SearchState, seen: set[Config]) -> bool:
         """Tell a suggestion that needs no run (invalid or already seen); False if it needs one."""
@@ -131,17 +150,21 @@ class OptunaProposer(Proposer):
             self._tell(trial, known, "duplicate")
         return True
 
-    def _fallback(self, unseen: list[Config], free: int) -> Candidate:
-        config = self._rng.choice(unseen)
+    def _fallback(self, unseen: list[Config], free: int, last: Config | None) -> Candidate:
+        config, how = self._fallback_config(unseen, last)
         self.study.enqueue_trial(self._codec.to_params(config) or {}, user_attrs={"origin": "fallback"})
-        trial = self.study.ask(self._codec.distributions)
+        trial = self.study.ask(self._codec.distributions)  # every param fixed: no model fit
         if self._codec.to_config(trial.params) != config:
             self.study.tell(trial, state=TrialState.FAIL)
             raise RuntimeError(f"enqueued config {config} came back as {trial.params}")
         self._running[config] = trial
-        why = (f"TPE trial {trial.number}: random unseen valid config, the model's last {free} "
-               f"suggestions were invalid or already seen")
+        plural = "suggestion was" if free == 1 else f"{free} suggestions were"
+        why = f"{self.sampler_label} trial {trial.number}: {how}, the model's last {plural} invalid or already seen"
         return Candidate(self.ctx.problem, config, self.name, why)
+
+    def _fallback_config(self, unseen: list[Config], last: Config | None) -> tuple[Config, str]:
+        """(hook) The unseen valid config asked instead, and how it was chosen."""
+        return self._rng.choice(unseen), "random unseen valid config"
 
     # ---- telling -------------------------------------------------------------------
     def _tell(self, trial: Trial, result: Result, origin: str) -> None:
@@ -154,10 +177,20 @@ class OptunaProposer(Proposer):
         trial.set_user_attr("status", str(status))
         if status in RETRYABLE:
             self.study.tell(trial, state=TrialState.FAIL)
-            return
-        ok = status is Status.OK
-        trial.set_constraint(CONSTRAINT, FEASIBLE if ok else INFEASIBLE)
-        self.study.tell(trial, self._value(median_ms) if ok else self._infeasible_value())
+        elif status is Status.OK:
+            trial.set_constraint(CONSTRAINT, FEASIBLE)
+            self.study.tell(trial, self._value(median_ms))
+            self._on_feasible()
+        else:
+            self._tell_infeasible(trial)
+
+    def _tell_infeasible(self, trial: Trial) -> None:
+        """(hook) Finish a trial whose config never runs: COMPLETE with the constraint violated."""
+        trial.set_constraint(CONSTRAINT, INFEASIBLE)
+        self.study.tell(trial, self._infeasible_value())
+
+    def _on_feasible(self) -> None:
+        """(hook) Called after each feasible value is told or added."""
 
     def _add(self, result: Result) -> None:
         """A result of a config this proposer did not ask for: a finished trial, if it fits."""
@@ -167,14 +200,28 @@ class OptunaProposer(Proposer):
             return
         attrs = {"origin": "observed", "status": str(result.status)}
         if result.status in RETRYABLE:
-            frozen = create_trial(state=TrialState.FAIL, params=params,
-                                  distributions=self._codec.distributions, user_attrs=attrs)
+            self.study.add_trial(create_trial(state=TrialState.FAIL, params=params,
+                                              distributions=self._codec.distributions, user_attrs=attrs))
+        elif result.status is Status.OK:
+            self.study.add_trial(create_trial(
+                value=self._value(result.median_ms), params=params, distributions=self._codec.distributions,
+                user_attrs=attrs, constraints={CONSTRAINT: FEASIBLE}))
+            self._on_feasible()
         else:
-            ok = result.status is Status.OK
-            value = self._value(result.median_ms) if ok else self._infeasible_value()
-            frozen = create_trial(value=value, params=params, distributions=self._codec.distributions,
-                                  user_attrs=attrs, constraints={CONSTRAINT: FEASIBLE if ok else INFEASIBLE})
-        self.study.add_trial(frozen)
+            self._add_infeasible(params, attrs)
+
+    def _add_infeasible(self, params: dict[str, Any], attrs: dict[str, Any]) -> None:
+        """(hook) Add a finished trial for an observed config that never runs."""
+        self.study.add_trial(create_trial(
+            value=self._infeasible_value(), params=params, distributions=self._codec.distributions,
+            user_attrs=attrs, constraints={CONSTRAINT: INFEASIBLE}))
+
+    def _drop(self, dropped: set[Config]) -> None:
+        """Fail the trials of configs taken off the queue unmeasured: no result will come."""
+        for config in dropped & set(self._running):
+            trial = self._running.pop(config)
+            trial.set_user_attr("origin", "dropped")
+            self.study.tell(trial, state=TrialState.FAIL)
 
     def _absorb(self, state: SearchState) -> None:
         """Tell results in the state that `observe` has not delivered yet."""
@@ -199,13 +246,14 @@ class OptunaProposer(Proposer):
         return len(self.study.get_trials(deepcopy=False, states=states))
 
     def _why(self, number: int, config: Config, done: int, state: SearchState, free: int) -> str:
+        label = self.sampler_label
         if done < self.n_startup:
-            body = f"startup random sample, {done} of {self.n_startup} trials told before TPE takes over"
+            body = f"startup random sample, {done} of {self.n_startup} trials told before {label} takes over"
         else:
-            body = f"TPE model of {done} finished trials; {_relation(config, state.best())}"
+            body = f"{label} model of {done} finished trials; {_relation(config, state.best())}"
         if free:
             body += f"; {free} invalid or seen suggestions told without running"
-        return f"TPE trial {number}: {body}"
+        return f"{label} trial {number}: {body}"
 
     def _valid_configs(self) -> list[Config]:
         if self._valid is None:

@@ -3,7 +3,10 @@
 Members (default: rules, optuna, random, and llm when it can run here, i.e. with an API key;
 without one the portfolio runs without it and says so once in the event log) are full proposers
 of the same problem. The llm member calls the model in the background, so a round never waits
-for it: until its reply is in, it has nothing to offer and the other members take its slots. Every result
+for it: until its reply is in, it has nothing to offer and the other members take its slots. So does
+`optuna-gp` (not a default member; name it in `members`): its GP asks ahead in a background thread,
+and a round takes only what is ready. Should every member come up empty while such a member is still
+computing, the round waits for one config of it rather than end the campaign. Every result
 goes to every member's `observe`, whoever proposed it, so Optuna learns from the rules'
 configs and the rules' model from Optuna's.
 
@@ -88,7 +91,7 @@ class PortfolioProposer(Proposer):
         return (*DEFAULT_MEMBERS, "llm")
 
     def _build(self, name: str, ctx: ProposerContext) -> Proposer:
-        builder = self._builders.get(name)
+        builder = self._builders.get(name) or IN_BACKGROUND.get(name)
         proposer = builder(ctx) if builder else get_proposer(name)(ctx)
         if proposer.name != name:
             raise TypeError(f"the builder of member {name!r} made a proposer named {proposer.name!r}")
@@ -110,6 +113,8 @@ class PortfolioProposer(Proposer):
             member.given += 1
             self._owner[got[0].config] = member
             taken.append((member, got[0]))
+        if not taken:
+            taken = self._wait_for_background(state)
         split = self._split(taken)
         return [self._relabel(m, c, split) for m, c in taken]
 
@@ -151,6 +156,17 @@ class PortfolioProposer(Proposer):
             out += m.proposer.drain_records()
         return out
 
+    def _wait_for_background(self, state: SearchState) -> list[tuple[Member, Candidate]]:
+        """Every member came up empty: one config from the first that is still computing, if any."""
+        for member in self.members:
+            waiting = getattr(member.proposer, "propose_waiting", None)
+            got = [c for c in waiting(state, 1) if c.config not in state.seen] if waiting else []
+            if got:
+                member.given += 1
+                self._owner[got[0].config] = member
+                return [(member, got[0])]
+        return []
+
     # ---- allocation ----------------------------------------------------------------
     def _next_member(self, idle: set[str]) -> Member:
         live = [m for m in self.members if m.name not in idle]
@@ -190,6 +206,15 @@ class PortfolioProposer(Proposer):
         fresh = [r for c, r in state.results.items() if self._seen_results.get(c) != r]
         if fresh:
             self.observe(fresh)
+
+
+def _gp_in_background(ctx: ProposerContext) -> Proposer:
+    from tilepilot.agents.optuna_gp import GpSettings, OptunaGpProposer
+
+    return OptunaGpProposer(ctx, GpSettings(wait_when_empty=False))
+
+
+IN_BACKGROUND: dict[str, Callable[[ProposerContext], Proposer]] = {"optuna-gp": _gp_in_background}
 
 
 def _llm_in_background(ctx: ProposerContext) -> Proposer:

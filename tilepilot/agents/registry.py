@@ -15,6 +15,7 @@ PROPOSERS: Registry = {
     "grid": "tilepilot.agents.grid:GridProposer",
     "llm": "tilepilot.agents.llm:LlmProposer",
     "optuna": "tilepilot.agents.optuna:OptunaProposer",
+    "optuna-gp": "tilepilot.agents.optuna_gp:OptunaGpProposer",
     "portfolio": "tilepilot.agents.portfolio:PortfolioProposer",
     "random": "tilepilot.agents.random:RandomProposer",
     "rules": "tilepilot.agents.rules:RulesProposer",
