@@ -14,7 +14,8 @@ result to `observe` one at a time as the driver does, count distinct configs mea
 space of a problem is exactly its recorded configs (`ReplayDataset.space`), as in `tilepilot
 tune --backend replay`. `optuna-gp` asks inline (`GpSettings(synchronous=True)`, deterministic;
 a campaign asks ahead in a background thread instead) and, being slow (a GP fit per ask), runs
-the first `--slow-seeds` seeds only.
+the first `--slow-seeds` seeds only; so does `portfolio+gp` (not in the default list): the
+portfolio with `optuna-gp` as a fourth member beside rules, optuna and random.
 
 Measures, for each proposer (the budget is the campaign's budget, so Optuna's startup size
 follows it as it would in a real campaign):
@@ -90,7 +91,9 @@ KERNEL = "matmul"
 BATCH = 4
 TOLERANCE = 0.02
 PROPOSERS = ("random", "grid", "optuna", "optuna-gp", "rules", "portfolio")
-SLOW = ("optuna-gp",)  # run on the first --slow-seeds seeds only
+SLOW = ("optuna-gp", "portfolio+gp")  # run on the first --slow-seeds seeds only
+GP_MEMBERS = ("rules", "optuna", "random", "optuna-gp")  # `portfolio+gp` (not a default proposer)
+MODELLED = ("rules", "portfolio", "portfolio+gp")  # given the fitted rules constants
 PROTOCOLS = ("lopo", "dev-split")
 BUDGET_FRACTIONS = (0.05, 0.10, 0.20)
 # The development problems of `--protocol dev-split` (labels as Problem.label()): the first
@@ -115,17 +118,22 @@ class Trace:
 
 def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) -> Proposer:
     """A registered proposer; `rules` (alone or in the portfolio) with the given model constants;
-    `optuna-gp` asking inline."""
+    `optuna-gp` asking inline; `portfolio+gp`: the portfolio with `optuna-gp` as a fourth member."""
+    def gp(c: ProposerContext) -> Proposer:
+        return OptunaGpProposer(c, GpSettings(synchronous=True))
+
+    def rules(c: ProposerContext) -> Proposer:
+        return RulesProposer(c, constants=constants) if constants else get_proposer("rules")(c)
+
     if name == "optuna-gp":
-        return OptunaGpProposer(ctx, GpSettings(synchronous=True))
+        return gp(ctx)
+    if name == "portfolio+gp":
+        return PortfolioProposer(ctx, PortfolioSettings(members=GP_MEMBERS, builders={"rules": rules, "optuna-gp": gp}))
     if constants is None:
         return get_proposer(name)(ctx)
     if name == "rules":
         return RulesProposer(ctx, constants=constants)
     if name == "portfolio":
-        def rules(c: ProposerContext) -> Proposer:
-            return RulesProposer(c, constants=constants)
-
         return PortfolioProposer(ctx, PortfolioSettings(builders={"rules": rules}))
     return get_proposer(name)(ctx)
 
@@ -360,12 +368,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for name in proposers}
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset),)) as pool:
-        fitted = any(n in ("rules", "portfolio") for n in proposers)
+        fitted = any(n in MODELLED for n in proposers)
         constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
         if fitted:
             log.info("rules constants fitted (%s) in %.0f s", args.protocol, time.perf_counter() - t0)
         tasks: list[Task] = [
-            (name, p.key(), s, b, constants[p.key()] if name in ("rules", "portfolio") else None)
+            (name, p.key(), s, b, constants[p.key()] if name in MODELLED else None)
             for name in proposers for p in problems for s in seeds_of[name]
             for b in [*budgets, len(dataset.records(p))]]
         done = pool.map(_task, tasks, chunksize=1)
@@ -475,11 +483,11 @@ def run_warm(args: argparse.Namespace) -> dict[str, Any]:
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset),)) as pool:
-        fitted = any(n in ("rules", "portfolio") for n in proposers)
+        fitted = any(n in MODELLED for n in proposers)
         constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
         if fitted:
             log.info("rules constants fitted (%s) in %.0f s", args.protocol, time.perf_counter() - t0)
-        tasks: list[WarmTask] = [(name, p.key(), s, arm, constants.get(p.key()) if name in ("rules", "portfolio")
+        tasks: list[WarmTask] = [(name, p.key(), s, arm, constants.get(p.key()) if name in MODELLED
                                   else None) for name in proposers for p in problems for s in seeds for arm in ARMS]
         done = pool.map(_warm_task, tasks, chunksize=1)
     by_key = {p.key(): p for p in problems}

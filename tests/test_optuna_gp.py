@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +19,14 @@ from optuna.trial import FrozenTrial, TrialState
 
 import tests.test_proposers as contract
 from tests.proposer_toys import PROBLEM, TOY_SPACE, context, drive, evaluate, failed_result, ok_result
+from tests.replay_fixture import PROBLEMS, write_campaign, write_dataset
 from tilepilot.agents import SearchState, get_proposer
 from tilepilot.agents.optuna_gp import GpSettings, OptunaGpProposer
 from tilepilot.agents.optuna_params import ParamCodec
 from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
 from tilepilot.experiments import Config, InputError, Param, Result, SearchSpace, Status
+from tilepilot.orchestrator.tune import TuneOptions, tune
+from tilepilot.storage.store import Store
 
 INLINE = GpSettings(synchronous=True)
 QUICK_S = 0.05  # "at once": far below one GP fit, with room for a loaded 2-core machine
@@ -324,3 +328,21 @@ def test_a_gp_alone_in_the_portfolio_is_waited_for() -> None:
     batch = p.propose(SearchState(), 2)
     assert batch and all("via optuna-gp" in c.rationale for c in batch)
     p.close()
+
+
+# ---- in a campaign -------------------------------------------------------------------------------
+def test_replay_campaign_with_the_gp_spends_its_budget(tmp_path: Path) -> None:
+    """The driver's loop with the GP asking ahead (the campaign's proposer is `optuna-gp`)."""
+    campaign = write_campaign(tmp_path / "c.toml", proposer="optuna-gp", budget=8)
+    out = tune(TuneOptions(campaign=campaign, backend="replay", dataset=write_dataset(tmp_path / "d.jsonl"),
+                           db=tmp_path / "t.db"))
+    store = Store(tmp_path / "t.db")
+    try:
+        results = store.campaign_results(out.campaign_id)
+    finally:
+        store.close()
+    for problem in PROBLEMS:
+        mine = [r for _, r in results if dict(r.problem) == problem]
+        assert sum(r.status.counts_against_budget for r in mine) == 8
+        assert len({r.config for r in mine}) == len(mine)
+    assert not [t for t in threading.enumerate() if t.name.startswith("tilepilot-gp")], "closed with the campaign"
