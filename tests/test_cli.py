@@ -309,3 +309,13 @@ def test_history_into_a_closed_pipe_prints_no_traceback(tuned):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert err == ""
+
+
+def test_table_cells_leave_out_variant_parameters_at_their_default() -> None:
+    from tilepilot.cli import _compact
+
+    plain = {"BLOCK_SIZE_M": 64, "num_warps": 4, "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False}
+    assert _compact(plain) == "BM=64 warps=4"
+    split = {**plain, "VARIANT": "splitk", "SPLIT_K": 4}
+    assert _compact(split) == "BM=64 warps=4 VARIANT=splitk SPLIT_K=4"
+    assert _compact({"M": 1, "K": 1}) == "M=1 K=1"  # a problem's own keys are never hidden

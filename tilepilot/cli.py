@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -297,10 +298,25 @@ def _short(name: str) -> str:
 
 
 def _compact(v: Any) -> str:
+    """A table cell: a config or problem as `key=value` pairs with short names, leaving out the
+    parameters that hold their default (a variant's own ones: VARIANT=grouped, SPLIT_K=1)."""
     if isinstance(v, dict | tuple | list):
         items = v.items() if isinstance(v, dict) else v
-        return " ".join(f"{_short(str(k))}={x}" for k, x in items)
+        hidden = _variant_defaults()
+        return " ".join(f"{_short(str(k))}={x}" for k, x in items
+                        if not (k in hidden and type(x) is type(hidden[k]) and x == hidden[k]))
     return "" if v is None else str(v)
+
+
+@functools.cache
+def _variant_defaults() -> dict[str, Any]:
+    """Every known family's parameters that have a default, with it."""
+    from tilepilot.kernels.registry import family_names, param_defaults
+
+    out: dict[str, Any] = {}
+    for name in family_names():
+        out.update(param_defaults(name))
+    return out
 
 
 def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], cols: list[str], fields: list[str]) -> None:
