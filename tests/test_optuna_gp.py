@@ -325,6 +325,7 @@ def test_a_busy_gp_member_gives_its_slots_to_the_others() -> None:
 def test_a_gp_alone_in_the_portfolio_is_waited_for() -> None:
     p = PortfolioProposer(context(budget=8), PortfolioSettings(members=("optuna-gp",)))
     _fast(p.members[0].proposer)  # type: ignore[arg-type]
+    assert p.propose(SearchState(), 0) == []
     batch = p.propose(SearchState(), 2)
     assert batch and all("via optuna-gp" in c.rationale for c in batch)
     p.close()

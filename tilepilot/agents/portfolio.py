@@ -113,7 +113,7 @@ class PortfolioProposer(Proposer):
             member.given += 1
             self._owner[got[0].config] = member
             taken.append((member, got[0]))
-        if not taken:
+        if not taken and n > 0:
             taken = self._wait_for_background(state)
         split = self._split(taken)
         return [self._relabel(m, c, split) for m, c in taken]
