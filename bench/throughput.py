@@ -10,13 +10,17 @@ folder, the queue and its re-scoring, the hypothesis machinery at the campaign's
 the proposer, events, winners), over the first `--problems` problems of the shipped H100 matmul
 recording with `--budget` distinct configs each. The replay executor answers a batch from the
 recording in microseconds, so the driver's wall time per trial IS the orchestration overhead.
-Reported per proposer (median of `--repeats` runs): `per_trial_ms` = the whole `tune()` call /
+Reported per proposer (median of `--repeats` runs, and the best): `per_trial_ms` = the whole `tune()` call /
 trials (start, warm start, ceilings, winners and all); `steady_per_trial_ms` = from the first
 batch collected to the last, / the trials collected in between (the loop alone); and a split of
 the whole call by where the time went: `proposer` (propose, observe, score, and the store reads
 they make), `store` (Store methods the driver calls), `executor` (the replay executor),
 `hypotheses` (the driver's hypothesis hook: mining, judging, the ledger's writes), `driver` (the
-rest: queue re-scoring, the loop itself). The target is at most 5 ms per trial.
+rest: queue re-scoring, the loop itself); `without_proposer_ms` = `per_trial_ms` less the
+proposer's share (what the machinery costs whatever proposes). The target is at most 5 ms per
+trial. On a shared machine other processes slow every run: the load average at the start and at
+the end is recorded, and `cpu_per_trial_ms` (this process's CPU time / trials) is the figure
+they do not inflate (the driver is one thread and, on replay, never waits).
 
 Part two (`--part gpu`, needs one CUDA GPU; not run on a CPU machine). The same configs of the
 matmul family (the first `--configs` valid ones of its random proposer, seed 0, for one problem) are
@@ -98,6 +102,9 @@ class Split:
                 setattr(cls, name, fn)
 
     def _timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if fn.__name__ == "transaction":  # a context manager: its commit happens on exit
+            return self._timed_context(part, fn)
+
         def timed(*args: Any, **kwargs: Any) -> Any:
             if self._depth:
                 return fn(*args, **kwargs)
@@ -108,6 +115,25 @@ class Split:
             finally:
                 self.seconds[part] = self.seconds.get(part, 0.0) + time.perf_counter() - t0
                 self._depth -= 1
+
+        return timed
+
+    def _timed_context(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Entering and leaving the context (BEGIN, COMMIT) count for `part`; the body for its callers."""
+        split = self
+
+        class Timed:
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def __enter__(self) -> Any:
+                return split._timed(part, self.inner.__enter__)()
+
+            def __exit__(self, *exc: Any) -> Any:
+                return split._timed(part, self.inner.__exit__)(*exc)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            return Timed(fn(*args, **kwargs))
 
         return timed
 
@@ -124,28 +150,28 @@ def proposer_classes(name: str) -> list[type]:
     return [c for c in cls.__mro__ if c.__module__.startswith("tilepilot.agents")]
 
 
-def cpu_run(proposer: str, problems: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+def cpu_run(proposer: str, problems: list[dict[str, Any]], budget: int, folder: Path | None = None) -> dict[str, Any]:
     stamps: list[tuple[float, int]] = []
 
     def progress(p: Progress) -> None:
         stamps.append((time.perf_counter(), p.done))
 
     split = Split()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
         toml = write_campaign(Path(tmp) / "c.toml", proposer, problems, budget)
         opts = TuneOptions(campaign=toml, backend="replay", dataset=DATASET, db=Path(tmp) / "t.db", cold=True)
         with split.patched({"proposer": proposer_classes(proposer), "store": [Store], "executor": [ReplayExecutor],
                             "hypotheses": [HypothesisHook]}):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             tune(opts, on_progress=progress)
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         with Store.open_readonly(Path(tmp) / "t.db") as store:
             trials = len(store.campaign_results(store.get_campaign(f"throughput-{proposer}").id))
     steady = (stamps[-1][0] - stamps[0][0]) / (stamps[-1][1] - stamps[0][1]) if len(stamps) > 1 else None
     parts = {k: v / trials * 1e3 for k, v in split.seconds.items()}
     parts["driver"] = wall / trials * 1e3 - sum(parts.values())
     return {"trials": trials, "wall_s": round(wall, 3), "per_trial_ms": wall / trials * 1e3,
-            "steady_per_trial_ms": None if steady is None else steady * 1e3,
+            "cpu_per_trial_ms": cpu / trials * 1e3, "steady_per_trial_ms": None if steady is None else steady * 1e3,
             "split_ms_per_trial": {k: round(v, 4) for k, v in sorted(parts.items())}}
 
 
@@ -159,14 +185,20 @@ def part_cpu(args: argparse.Namespace) -> dict[str, Any]:
     for proposer in args.proposers.split(","):
         runs = []
         for r in range(args.repeats):
-            runs.append(cpu_run(proposer, problems, args.budget))
+            runs.append(cpu_run(proposer, problems, args.budget, args.store_dir))
             log.info("%s run %d: %d trials, %.2f ms per trial (steady %.2f ms)", proposer, r + 1, runs[-1]["trials"],
                      runs[-1]["per_trial_ms"], runs[-1]["steady_per_trial_ms"] or float("nan"))
         out[proposer] = {
             "trials": runs[0]["trials"],
             "per_trial_ms": round(statistics.median(x["per_trial_ms"] for x in runs), 3),
             "steady_per_trial_ms": round(statistics.median(x["steady_per_trial_ms"] for x in runs), 3),
-            "within_target": statistics.median(x["per_trial_ms"] for x in runs) <= TARGET_MS,
+            "within_target": {"cpu": statistics.median(x["cpu_per_trial_ms"] for x in runs) <= TARGET_MS,
+                              "best_wall": min(x["per_trial_ms"] for x in runs) <= TARGET_MS,
+                              "median_wall": statistics.median(x["per_trial_ms"] for x in runs) <= TARGET_MS},
+            "best_per_trial_ms": round(min(x["per_trial_ms"] for x in runs), 3),
+            "cpu_per_trial_ms": round(statistics.median(x["cpu_per_trial_ms"] for x in runs), 3),
+            "without_proposer_ms": round(statistics.median(
+                x["per_trial_ms"] - x["split_ms_per_trial"].get("proposer", 0.0) for x in runs), 3),
             "split_ms_per_trial": {k: round(statistics.median(x["split_ms_per_trial"].get(k, 0.0) for x in runs), 3)
                                    for k in runs[0]["split_ms_per_trial"]},
             "runs": runs,
@@ -174,6 +206,7 @@ def part_cpu(args: argparse.Namespace) -> dict[str, Any]:
     return {"what": "orchestration overhead per trial: `tilepilot tune` on the replay backend (answers in "
                     "microseconds), so the driver's wall time per trial is the queue, store, proposer and events",
             "dataset": str(DATASET.relative_to(ROOT)), "problems": len(problems), "budget_per_problem": args.budget,
+            "store_dir": str(args.store_dir or tempfile.gettempdir()),
             "repeats": args.repeats, "target_ms": TARGET_MS, "proposers": out}
 
 
@@ -305,7 +338,8 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+            "python": platform.python_version(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+            "nice": os.getpriority(os.PRIO_PROCESS, 0)}
 
 
 def versions() -> dict[str, str]:
@@ -328,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--configs", type=int, default=64)
+    parser.add_argument("--store-dir", type=Path, help="where the campaign's SQLite store is written "
+                        "(default: the system's temporary folder)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -336,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     started = {"machine": machine(), "versions": versions(),
                "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "command": command}
     body = part_cpu(args) if args.part == "cpu" else part_gpu(args)
-    record = {**started, **body}
+    record = {**started, "load_average_at_end": [round(x, 2) for x in os.getloadavg()], **body}
     out = args.out or OUT[args.part]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
