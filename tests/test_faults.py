@@ -176,7 +176,7 @@ def test_worker_whose_children_keep_dying_is_quarantined_and_the_campaign_finish
     con.close()
     print(f"interpret-1 quarantined {quarantined_at - t0:.1f} s after the campaign started")
     assert data["worker"] == "interpret-1" and "3 infrastructure failures in a row" in data["reason"]
-    assert "died (exit code 5)" in data["reason"] and "running a health request" in data["reason"]
+    assert "died (exit code 5)" in data["reason"] and "running the health request" in data["reason"]
     assert "\n" not in message
     [(_, requeued)] = _events(tmp_path / "t.db", "requeued")
     assert requeued["worker"] == "interpret-1" and requeued["queue_ids"]

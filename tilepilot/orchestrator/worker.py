@@ -343,7 +343,7 @@ class EvalWorker:
                 self._replace(f"raised {reply.error}")
             raise reply.error
         if isinstance(reply, Died):
-            running = describe(reply.index) if reply.index is not None else f"a {message[0]} request"
+            running = describe(reply.index) if reply.index is not None else f"the {message[0]} request"
             self._strike(f"child {self._child.pid} died ({describe_exit(reply.exitcode)}) running {running}")
         if not isinstance(reply, Done):
             self._replace(_what_happened(reply))
