@@ -2,7 +2,8 @@
 worker actor killed in the middle of a batch (the batch re-queued and finished, a new worker in its
 place), a worker whose children keep dying (quarantined; the campaign finishes on the other), every
 worker quarantined or none placeable (one line, no hang), two executors sharing a worker by name
-(turns, never two batches at once), and out of memory (`oom`, then the next config in the same child).
+(turns, never two batches at once), a compile worker killed (the pool heals, the compile goes again),
+and out of memory (`oom`, then the next config in the same child).
 
 The fault-injection hooks are test-only: TILEPILOT_FAULT_WORKERS (worker.py) and the families of
 tests/worker_families.py (whose simulated out-of-memory errors say SIMULATED).
@@ -21,11 +22,13 @@ import ray
 
 from tests.worker_families import MEASURE_LOG, register_all
 from tilepilot.experiments import Config, InputError, Problem, Status
+from tilepilot.kernels.base import Target
 from tilepilot.kernels.registry import get_family
+from tilepilot.orchestrator.compile_pool import CompilePool
 from tilepilot.orchestrator.driver import Driver
 from tilepilot.orchestrator.executor import Batch, NoWorkerLeft
 from tilepilot.orchestrator.ray_executor import RayExecutor
-from tilepilot.orchestrator.ray_runtime import NAMESPACE
+from tilepilot.orchestrator.ray_runtime import LOST, NAMESPACE
 from tilepilot.orchestrator.tune import TuneOptions, plan
 from tilepilot.orchestrator.worker import EvalWorker, WorkerInfo
 from tilepilot.storage.store import Store
@@ -260,6 +263,28 @@ def test_out_of_memory_is_oom_and_the_next_config_runs_in_the_same_child(ray_ses
     assert [r.status for r in too_big] == [Status.OOM] and "inputs do not fit" in too_big[0].message
     assert again[0].status is Status.OK
     assert (after.child_pid, after.respawns) == (before.child_pid, before.respawns)  # no process was replaced
+
+
+def test_compile_lost_with_its_worker_is_compiled_again_on_a_new_one_after_heal(ray_session: None,
+                                                                               markers: Path) -> None:
+    env = {**worker_env(markers), "TRITON_CACHE_DIR": str(markers.parent / "triton-cache")}
+    problem = Problem.of({"M": 256, "N": 256, "K": 256, "dtype": "fp16"})
+    tiles = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8, "num_warps": 4,
+             "num_stages": 3}
+    pool = CompilePool(per_node=1, env=env)
+    try:
+        (worker,) = next(iter(pool.workers.values()))
+        lost = pool.submit("test_compile_hang", problem, Config.of({**tiles, "FAULT": "sleep"}), Target())
+        ray.kill(worker)
+        with pytest.raises(LOST):
+            ray.get(lost)
+        pool.heal()
+        (fresh,) = next(iter(pool.workers.values()))
+        assert fresh != worker
+        again = ray.get(pool.submit("test_compile_hang", problem, Config.of({**tiles, "FAULT": "none"}), Target()))
+    finally:
+        pool.close()
+    assert again.status is Status.OK, again.message
 
 
 def test_launch_failures_map_out_of_memory_to_oom_and_out_of_resources_apart() -> None:
