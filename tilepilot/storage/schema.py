@@ -467,6 +467,10 @@ def open_database(path: Path, *, readonly: bool) -> sqlite_utils.Database:
         else:
             _usable_version(db, origin)  # refuse another program's file before touching it
             db.enable_wal()
+            # In WAL mode NORMAL is safe against a killed process (kill -9 loses nothing that was
+            # committed); only a power loss can drop the last commits. FULL waited for the disk on
+            # every commit: 8.5 ms a trial on a busy disk, against 2.4 ms (bench/throughput.py).
+            db.execute("PRAGMA synchronous=NORMAL")
             migrate(db, origin)
     except sqlite3.DatabaseError as e:
         db.close()
