@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.cli_helpers import run
 from tests.replay_fixture import PROBLEMS, write_campaign, write_dataset
-from tilepilot.cli import main
 from tilepilot.kernels.registry import get_family
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,13 +24,6 @@ BUDGET = 6
 LABELS = ["M=512 N=512 K=512 dtype=fp16", "M=64 N=1024 K=2048 dtype=bf16"]  # PROBLEMS, as printed
 FIRST = ('\n[[configs]]\nBLOCK_SIZE_M = 64\nBLOCK_SIZE_N = 64\nBLOCK_SIZE_K = 32\nGROUP_SIZE_M = 8\n'
          "num_warps = 8\nnum_stages = 3\n")
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def rows_of(db: Path, sql: str) -> list[tuple]:

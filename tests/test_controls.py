@@ -12,18 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import run as run_cli
 from tests.gated_executor import DriverThread, read, wait_for
 from tests.replay_fixture import write_campaign, write_dataset
 from tilepilot.cli import main
 from tilepilot.experiments import Config
 from tilepilot.orchestrator.tune import TuneOptions, tune
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture()

@@ -6,36 +6,19 @@ side when a campaign ends. Replay backend on the synthetic datasets of the fixtu
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import replay_fixture
+from tests.cli_helpers import run, sql
 from tests.export_fixture import PROBLEMS, tiered_ms
-from tilepilot.cli import main
 from tilepilot.experiments import Campaign, Problem
 from tilepilot.experiments.llm_call import LlmCall
 from tilepilot.storage.cost import campaign_cost, estimate
 from tilepilot.storage.queries import open_db
 from tilepilot.storage.store import Store
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def sql(db: Path, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute(query, params)]
-    finally:
-        con.close()
 
 
 def campaign_file(path: Path, name: str, *, proposer: str, budget: int, seed: int,

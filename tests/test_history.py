@@ -15,24 +15,9 @@ from typing import Any
 
 import pytest
 
+from tests.cli_helpers import run, sql
 from tests.replay_fixture import write_campaign, write_dataset
 from tilepilot.cli import main
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def sql(db: Path, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute(query, params)]
-    finally:
-        con.close()
 
 
 @pytest.fixture(scope="module")

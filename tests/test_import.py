@@ -11,12 +11,12 @@ made up for the test and labelled so (SYNTHETIC)."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.cli_helpers import run, sql
 from tests.export_fixture import build_store
 from tests.replay_fixture import write_campaign, write_dataset
 from tilepilot.cli import main
@@ -33,22 +33,6 @@ def cfg(bm: int, bn: int, bk: int, gm: int, warps: int, stages: int) -> dict[str
 # A vLLM tuned-config file as vLLM's benchmark_moe writes it: keys M, a triton_version entry.
 MOE_CONFIGS = {"1": cfg(16, 64, 128, 1, 4, 4), "16": cfg(16, 128, 128, 1, 4, 3), "256": cfg(64, 128, 64, 8, 4, 4),
                "4096": cfg(128, 256, 64, 8, 8, 4)}
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def sql(db: Path, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute(query, params)]
-    finally:
-        con.close()
 
 
 @pytest.fixture()

@@ -12,7 +12,6 @@ import json
 import math
 import os
 import shutil
-import sqlite3
 import statistics
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests import replay_fixture
+from tests.cli_helpers import sql
 from tests.export_fixture import PROBLEMS, tiered_ms
 from tilepilot.cli import main
 from tilepilot.experiments import DeviceCeilings, Problem
@@ -37,15 +37,6 @@ DEVICE = "synthetic device"
 
 def num(v: float) -> str:
     return f"{v:.4g}"
-
-
-def sql(db: Path, query: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute(query, params)]
-    finally:
-        con.close()
 
 
 def label(problem: dict[str, Any]) -> str:
