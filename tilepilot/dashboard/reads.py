@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tilepilot.storage.queries import ReadOnlyDB
-from tilepilot.storage.rows import loads
+from tilepilot.storage.rows import in_chunks, loads
 
 QUEUE_EVENT_KINDS = ("reordered", "dropped", "control", "control_request", "pinned", "promoted")
-CHUNK = 500  # bound parameters per IN (...) list
 
 
 def _marks(values: Sequence[Any]) -> str:
@@ -172,11 +171,9 @@ class ExperimentBrief:
 def experiments(db: ReadOnlyDB, keys: Sequence[str]) -> dict[str, ExperimentBrief]:
     """Key -> problem, config, device, driver and the result's extra data, for the keys given."""
     out: dict[str, ExperimentBrief] = {}
-    unique = sorted(set(keys))
-    for i in range(0, len(unique), CHUNK):
-        part = unique[i:i + CHUNK]
+    for part, marks in in_chunks(sorted(set(keys))):
         for r in db.rows("SELECT e.key, e.problem, e.config, e.device, e.driver, r.extra FROM experiments e "
-                         f"LEFT JOIN results r ON r.experiment_key = e.key WHERE e.key IN ({_marks(part)})", part):
+                         f"LEFT JOIN results r ON r.experiment_key = e.key WHERE e.key IN ({marks})", part):
             out[r["key"]] = ExperimentBrief(r["key"], loads(r["problem"]), loads(r["config"]), r["device"],
                                             r["driver"], loads(r["extra"]))
     return out

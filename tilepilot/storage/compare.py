@@ -15,7 +15,7 @@ from typing import Any
 
 from tilepilot.experiments import InputError, Status
 from tilepilot.storage.queries import ReadOnlyDB, best, campaign_id_of, history
-from tilepilot.storage.rows import loads
+from tilepilot.storage.rows import in_chunks, loads
 
 SIDES = ("campaign", "device")
 
@@ -143,9 +143,7 @@ def _times(db: ReadOnlyDB, by: str, side: str, kernel: str | None, problem: Any)
 
 def _config_keys(db: ReadOnlyDB, keys: Sequence[str]) -> dict[str, str]:
     out: dict[str, str] = {}
-    for i in range(0, len(keys), 400):
-        chunk = list(keys[i:i + 400])
-        marks = ", ".join("?" * len(chunk))
+    for chunk, marks in in_chunks(keys, 400):
         for r in db.rows(f"SELECT key, config_key FROM experiments WHERE key IN ({marks})", chunk):
             out[r["key"]] = r["config_key"]
     return out

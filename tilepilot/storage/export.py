@@ -22,7 +22,7 @@ from typing import Any
 
 from tilepilot.experiments import InputError
 from tilepilot.storage.queries import ReadOnlyDB, campaign_id_of
-from tilepilot.storage.rows import loads
+from tilepilot.storage.rows import in_chunks, loads
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +132,7 @@ def _hypotheses(db: ReadOnlyDB, rows: Sequence[dict[str, Any]]) -> dict[str, set
     """experiment key -> ids of the hypotheses whose evidence pairs use it."""
     keys = sorted({k for r in rows for k in (r["experiment_key"], r["runner_up_key"]) if k})
     out: dict[str, set[str]] = {}
-    for i in range(0, len(keys), 400):  # stay under SQLite's bound-parameter limit
-        chunk = keys[i:i + 400]
-        marks = ", ".join("?" * len(chunk))
+    for chunk, marks in in_chunks(keys, 400):  # each chunk bound twice
         for e in db.rows(f"SELECT hypothesis_id, experiment_a, experiment_b FROM evidence "
                          f"WHERE experiment_a IN ({marks}) OR experiment_b IN ({marks})", [*chunk, *chunk]):
             for key in (e["experiment_a"], e["experiment_b"]):
@@ -145,9 +143,7 @@ def _hypotheses(db: ReadOnlyDB, rows: Sequence[dict[str, Any]]) -> dict[str, set
 def _learnings(db: ReadOnlyDB, hypothesis_ids: Sequence[str]) -> dict[str, str]:
     """hypothesis id -> the id of the learning drawn from it."""
     out: dict[str, str] = {}
-    for i in range(0, len(hypothesis_ids), 400):
-        chunk = list(hypothesis_ids[i:i + 400])
-        marks = ", ".join("?" * len(chunk))
+    for chunk, marks in in_chunks(hypothesis_ids, 400):
         for r in db.rows(f"SELECT id, hypothesis_id FROM learnings WHERE hypothesis_id IN ({marks})", chunk):
             out[r["hypothesis_id"]] = r["id"]
     return out

@@ -31,7 +31,7 @@ from tilepilot.experiments.hypothesis import Scope
 from tilepilot.storage import ledger
 from tilepilot.storage.ledger import EvidenceRow, HypothesisRow, LearningRow
 from tilepilot.storage.queries import ReadOnlyDB
-from tilepilot.storage.rows import loads
+from tilepilot.storage.rows import in_chunks, loads
 
 NODE_KINDS = ("campaign", "kernel", "problem", "config", "experiment", "hypothesis", "learning", "device")
 EDGE_KINDS = ("ran", "tests", "supports", "refutes", "learned_from", "applies_to")
@@ -206,12 +206,11 @@ def knowledge(db: ReadOnlyDB, *, kernel: str, device: str | None = None,
     keys = [r["problem_key"] for r in db.rows("SELECT DISTINCT problem_key FROM experiments WHERE kernel = ?",
                                               [kernel]) if s.contains(json.loads(r["problem_key"]))]
     rows = []
-    for i in range(0, len(keys), 500):
-        chunk = keys[i:i + 500]
+    for chunk, marks in in_chunks(keys):
         where, params = ledger.kernel_device_filter("e", kernel, device)
         rows += db.rows("SELECT e.problem_key, MIN(e.problem) AS problem, e.device, COUNT(*) AS n, "
                         "SUM(r.status = 'ok') AS ok FROM experiments e JOIN results r ON r.experiment_key = e.key "
-                        f"WHERE {' AND '.join(where)} AND e.problem_key IN ({', '.join('?' * len(chunk))}) "
+                        f"WHERE {' AND '.join(where)} AND e.problem_key IN ({marks}) "
                         "GROUP BY e.problem_key, e.device", [*params, *chunk])
     best = _best(db, kernel, device, [r["problem_key"] for r in rows])
     b = Graph()
@@ -237,10 +236,9 @@ def knowledge(db: ReadOnlyDB, *, kernel: str, device: str | None = None,
 
 def _best(db: ReadOnlyDB, kernel: str, device: str | None, problem_keys: Sequence[str]) -> dict[tuple[str, str], Any]:
     out: dict[tuple[str, str], Any] = {}
-    for i in range(0, len(problem_keys), 500):
-        chunk = list(problem_keys[i:i + 500])
+    for chunk, marks in in_chunks(problem_keys):
         where, params = ledger.kernel_device_filter("e", kernel, device)
-        where.append(f"e.problem_key IN ({', '.join('?' * len(chunk))}) AND r.status = 'ok'")
+        where.append(f"e.problem_key IN ({marks}) AND r.status = 'ok'")
         # SQLite returns the bare columns of the row that holds the MIN()
         for r in db.rows(_EXPERIMENT.replace("r.median_ms", "MIN(r.median_ms) AS median_ms")
                          + f" WHERE {' AND '.join(where)} GROUP BY e.problem_key, e.device", [*params, *chunk]):
@@ -277,9 +275,8 @@ def support(db: ReadOnlyDB, hypothesis_id: str, *, relation: str | None = None) 
 
 def _experiments(db: ReadOnlyDB, keys: Sequence[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for i in range(0, len(keys), 500):
-        chunk = list(keys[i:i + 500])
-        out.extend(db.rows(_EXPERIMENT + f" WHERE e.key IN ({', '.join('?' * len(chunk))})", chunk))
+    for chunk, marks in in_chunks(keys):
+        out.extend(db.rows(_EXPERIMENT + f" WHERE e.key IN ({marks})", chunk))
     return out
 
 

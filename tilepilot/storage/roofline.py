@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tilepilot.experiments.result import roofline_pct
-from tilepilot.storage.rows import loads
+from tilepilot.storage.rows import in_chunks, loads
 
 RowsFn = Callable[[str, Sequence[Any]], list[dict[str, Any]]]
-CHUNK = 500  # keys per query (SQLite's bound-parameter limit is far above)
 
 
 def roofline_pcts(rows: RowsFn, timed: Iterable[tuple[str, float | None]]) -> dict[str, float]:
@@ -29,10 +28,7 @@ def roofline_pcts(rows: RowsFn, timed: Iterable[tuple[str, float | None]]) -> di
     if not rates:
         return {}
     out: dict[str, float] = {}
-    keys = list(wanted)
-    for i in range(0, len(keys), CHUNK):
-        part = keys[i:i + CHUNK]
-        marks = ", ".join("?" * len(part))
+    for part, marks in in_chunks(list(wanted)):
         for r in rows("SELECT r.experiment_key, r.extra, e.device, e.driver FROM results r "
                       f"JOIN experiments e ON e.key = r.experiment_key WHERE r.experiment_key IN ({marks})", part):
             pct = _pct(r, wanted[r["experiment_key"]], rates)

@@ -7,9 +7,9 @@ here and nowhere else.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tilepilot.experiments import (
     Campaign,
@@ -25,6 +25,15 @@ from tilepilot.experiments import (
 )
 
 Row = Mapping[str, Any]
+T = TypeVar("T")
+IN_CHUNK = 500  # values per `IN (...)` list: well under SQLite's bound-parameter limit
+
+
+def in_chunks(values: Sequence[T], size: int = IN_CHUNK) -> Iterator[tuple[list[T], str]]:
+    """`values` in slices for `... IN (marks)` queries: each slice with its `?, ?, ...` placeholders."""
+    for i in range(0, len(values), size):
+        part = list(values[i:i + size])
+        yield part, ", ".join("?" * len(part))
 
 
 def dumps(data: Mapping[str, Any] | list[Any]) -> str:
