@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import record  # noqa: E402
 
 from tilepilot.experiments import Config, Problem  # noqa: E402
+from tilepilot.kernels.base import poison, written  # noqa: E402
 
 log = logging.getLogger("kernels")
 FAMILIES = ("matmul", "softmax", "rmsnorm", "layernorm", "silu_mul_fp8_quant", "fused_moe", "attention")
@@ -127,11 +128,11 @@ class Arms:
         out = self.family.make_output(self.problem, self.inputs)
         try:
             fn = make(out)
-            _poison(out)
+            poison(out)
             got = fn()
             torch.cuda.synchronize()
             # a baseline that returns its result instead of writing `out` is checked on what it returned
-            err = self.family.error(self.problem, out if got is None or _written(out) else got, self.ref)
+            err = self.family.error(self.problem, out if got is None or written(out) else got, self.ref)
         except Exception as e:  # an arm that cannot run is reported, the others go on
             self.notes[arm] = {**note, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
             log.warning("%s %s: %s", self.problem.label(), arm, self.notes[arm]["error"])
@@ -151,17 +152,6 @@ class Arms:
             return family.launcher(problem, config, self.inputs, out, compiled)
 
         self.add(name, make, config=config.as_dict())
-
-
-def _poison(out: Any) -> None:
-    for t in out if isinstance(out, (tuple, list)) else (out,):
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-
-
-def _written(out: Any) -> bool:
-    return not any(bool(t.isnan().all()) for t in (out if isinstance(out, (tuple, list)) else (out,))
-                   if t.is_floating_point())
 
 
 def _sig(x: float | None) -> float | None:

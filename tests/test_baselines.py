@@ -6,11 +6,10 @@ CUDA-only and is covered by the GPU tests."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from tilepilot.kernels import get_family
+from tilepilot.kernels.base import poison, written
 
 torch = pytest.importorskip("torch")
 
@@ -24,17 +23,6 @@ SMALL = {
 }
 
 
-def _poison(out: Any) -> None:
-    for t in out if isinstance(out, (tuple, list)) else (out,):
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-
-
-def _written(out: Any) -> bool:
-    return not any(bool(t.isnan().all()) for t in (out if isinstance(out, (tuple, list)) else (out,))
-                   if t.is_floating_point())
-
-
 @pytest.mark.parametrize("kernel", sorted(SMALL))
 def test_the_baseline_computes_the_reference_answer(kernel: str) -> None:
     family = get_family(kernel)
@@ -43,8 +31,8 @@ def test_the_baseline_computes_the_reference_answer(kernel: str) -> None:
     out = family.make_output(problem, inputs)
     run = family.baseline(problem, inputs, out)
     assert run is not None and family.baseline_name
-    _poison(out)
+    poison(out)
     got = run()
-    assert _written(out) or got is not None, "the baseline neither wrote out nor returned a result"
-    err = family.error(problem, out if _written(out) else got, family.reference(problem, inputs))
+    assert written(out) or got is not None, "the baseline neither wrote out nor returned a result"
+    err = family.error(problem, out if written(out) else got, family.reference(problem, inputs))
     assert 0 <= err <= family.tolerance(problem), err

@@ -135,6 +135,19 @@ class KernelFamily(ABC):
         return None
 
 
+def poison(out: Any) -> None:
+    """Fill every output tensor (one, or a tuple or list of them) with NaN, so that any element a
+    launch leaves unwritten can never pass the check."""
+    for t in out if isinstance(out, (tuple, list)) else (out,):
+        t.fill_(float("nan"))
+
+
+def written(out: Any) -> bool:
+    """False while some floating-point output tensor is still all NaN (as `poison` left it)."""
+    return not any(bool(t.isnan().all()) for t in (out if isinstance(out, (tuple, list)) else (out,))
+                   if t.is_floating_point())
+
+
 def relative_error(out: Any, ref: Any) -> float:
     """||out - ref|| / ||ref|| in float32 or wider, over all outputs together (a tuple or list of
     tensors counts as one vector); ||out - ref|| where the reference is all zeros. `math.inf`

@@ -62,7 +62,7 @@ from tilepilot.experiments import (
     Timing,
 )
 from tilepilot.kernels import failures, telemetry
-from tilepilot.kernels.base import KernelFamily, Target
+from tilepilot.kernels.base import KernelFamily, Target, poison
 from tilepilot.kernels.compile import interpreting
 from tilepilot.kernels.registry import get_family
 from tilepilot.kernels.timing import GpuTimer, TimingPlan, cold_copies_needed, time_cpu
@@ -342,7 +342,7 @@ class Evaluator:
         family's error is not a finite number)."""
         import torch
 
-        _poison(out)
+        poison(out)
         fn()
         if self.backend == "gpu":
             torch.cuda.synchronize()
@@ -515,11 +515,6 @@ def _clone(inputs: tuple[Any, ...]) -> tuple[Any, ...]:
     import torch
 
     return tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in inputs)
-
-
-def _poison(out: Any) -> None:
-    for t in out if isinstance(out, (tuple, list)) else (out,):
-        t.fill_(float("nan"))
 
 
 def _with_telemetry(result: Result, tele: Telemetry) -> Result:
