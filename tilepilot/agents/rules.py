@@ -214,6 +214,7 @@ class RulesProposer(Proposer):
         return moved == [1]
 
     def _steps(self, config: Config) -> tuple[int, ...] | None:
+        """Each parameter's position among its choices; None outside the space."""
         out = []
         for p in self.ctx.space.params:
             v = config.get(p.name)
@@ -234,14 +235,12 @@ class RulesProposer(Proposer):
 
     def _coords(self, config: Config) -> tuple[float, ...] | None:
         """Each parameter's position among its choices, over its length scale; None outside the space."""
-        out = []
-        for p in self.ctx.space.params:
-            v = config.get(p.name)
-            pos = next((i for i, c in enumerate(p.choices) if type(c) is type(v) and c == v), None)
-            if pos is None:
-                return None
-            out.append(pos / self.settings.lengthscales.get(p.name, self.settings.default_lengthscale))
-        return tuple(out)
+        steps = self._steps(config)
+        if steps is None:
+            return None
+        scales = self.settings.lengthscales
+        return tuple(pos / scales.get(p.name, self.settings.default_lengthscale)
+                     for pos, p in zip(steps, self.ctx.space.params, strict=True))
 
     def _position(self, config: Config) -> tuple[float, ...]:
         x = self._coords(config)
