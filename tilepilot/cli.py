@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tilepilot.experiments import InputError, TilepilotError
+from tilepilot.experiments import InputError, TilepilotError, at_default
 
 log = logging.getLogger("tilepilot")
 
@@ -303,8 +303,7 @@ def _compact(v: Any) -> str:
     if isinstance(v, dict | tuple | list):
         items = v.items() if isinstance(v, dict) else v
         hidden = _variant_defaults()
-        return " ".join(f"{_short(str(k))}={x}" for k, x in items
-                        if not (k in hidden and type(x) is type(hidden[k]) and x == hidden[k]))
+        return " ".join(f"{_short(str(k))}={x}" for k, x in items if not at_default(k, x, hidden))
     return "" if v is None else str(v)
 
 

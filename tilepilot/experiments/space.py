@@ -127,6 +127,11 @@ class SearchSpace:
         return SearchSpace(params, (*self.constraints, recorded))
 
 
+def at_default(name: str, value: object, defaults: Mapping[str, Value]) -> bool:
+    """True when `name` has a default (see `Param.default`) and `value` is it (True is not 1)."""
+    return name in defaults and _allowed(value, (defaults[name],))
+
+
 def _allowed(value: object, choices: tuple[Value, ...]) -> bool:
     """`value in choices`, but True is not 1 and 1.0 is not 1."""
     return any(type(value) is type(c) and value == c for c in choices)

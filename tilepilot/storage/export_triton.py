@@ -19,7 +19,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tilepilot.experiments import InputError
+from tilepilot.experiments import InputError, at_default
 from tilepilot.storage.export import ExportEntry
 
 # Config parameters that are `triton.Config` keyword arguments, not kernel meta-parameters.
@@ -135,7 +135,7 @@ def _without_defaults(e: ExportEntry, defaults: Mapping[str, Any]) -> ExportEntr
     def strip(config: dict[str, Any] | None) -> dict[str, Any] | None:
         if config is None:
             return None
-        return {k: v for k, v in config.items() if not (k in defaults and v == defaults[k])}
+        return {k: v for k, v in config.items() if not at_default(k, v, defaults)}
 
     return dataclasses.replace(e, config=strip(e.config), runner_up_config=strip(e.runner_up_config))
 
