@@ -30,11 +30,8 @@ import datetime
 import json
 import logging
 import math
-import os
-import platform
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +43,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_env import git, machine  # noqa: E402
 from tilepilot.experiments import (  # noqa: E402
     Campaign,
     Candidate,
@@ -490,30 +488,13 @@ def _visit(browser: Any, url: str, content: tuple[str, ...]) -> float:
 
 # ---- the record ----------------------------------------------------------------------------------
 
-def machine() -> dict[str, Any]:
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
-
-
 def versions() -> dict[str, str]:
     from importlib.metadata import version
     out = {p: version(p) for p in ("streamlit", "altair", "pandas", "sqlite-utils")}
     import sqlite3
     out["sqlite"] = sqlite3.sqlite_version
-    for name, cmd in (("tilepilot_commit", ["git", "rev-parse", "--short", "HEAD"]),
-                      ("dashboard_commit", ["git", "log", "-1", "--format=%h", "--", "tilepilot/dashboard"])):
-        try:
-            out[name] = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            out[name] = "unknown"
+    out["tilepilot_commit"] = git("rev-parse", "--short", "HEAD")
+    out["dashboard_commit"] = git("log", "-1", "--format=%h", "--", "tilepilot/dashboard")
     return out
 
 

@@ -44,9 +44,7 @@ import datetime
 import json
 import logging
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -59,6 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.bench_env import git, machine  # noqa: E402
 from tilepilot.agents.registry import get_proposer  # noqa: E402
 from tilepilot.orchestrator.driver import Progress  # noqa: E402
 from tilepilot.orchestrator.hypothesis_hook import HypothesisHook  # noqa: E402
@@ -328,29 +327,11 @@ def part_gpu(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---- the record ---------------------------------------------------------------------------------------
-def machine() -> dict[str, Any]:
-    model = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-            "nice": os.getpriority(os.PRIO_PROCESS, 0)}
-
-
 def versions() -> dict[str, str]:
     from importlib.metadata import version
 
     out = {p: version(p) for p in ("ray", "optuna", "sqlite-utils", "torch", "triton")}
-    try:
-        out["tilepilot_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                                 capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        out["tilepilot_commit"] = "unknown"
+    out["tilepilot_commit"] = git("rev-parse", "--short", "HEAD")
     return out
 
 
