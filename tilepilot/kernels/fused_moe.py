@@ -294,7 +294,8 @@ class FusedMoeFamily(KernelFamily):
                 f"pairs:{int_class(m * topk)}")
 
     def source_hash(self) -> str:
-        return hash_modules(type(self).__module__, "tilepilot.kernels.fused_moe_triton")
+        return hash_modules(type(self).__module__, "tilepilot.kernels.fused_moe_triton",
+                            "tilepilot.kernels.matmul_triton")  # its tile order (tile_pid)
 
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
