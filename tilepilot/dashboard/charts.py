@@ -15,7 +15,7 @@ import altair as alt
 import pandas as pd
 
 from tilepilot.dashboard import roofline
-from tilepilot.dashboard.reads import Ceilings
+from tilepilot.experiments import DeviceCeilings
 
 LEGEND = alt.Legend(orient="top", direction="horizontal", titleOrient="left")
 
@@ -85,7 +85,7 @@ def roofline_frame(points: pd.DataFrame, labels: Mapping[str, str]) -> pd.DataFr
     })
 
 
-def ceiling_frame(c: Ceilings, lo: float, hi: float, steps: int = 64) -> pd.DataFrame:
+def ceiling_frame(c: DeviceCeilings, lo: float, hi: float, steps: int = 64) -> pd.DataFrame:
     """The roofline min(matmul rate, intensity × copy bandwidth) over [lo, hi] FLOP/byte (log steps,
     and the ridge point where the two meet)."""
     xs = sorted({lo * (hi / lo) ** (i / (steps - 1)) for i in range(steps)} | {roofline.ridge(c)} if lo < hi else {lo})
@@ -95,7 +95,7 @@ def ceiling_frame(c: Ceilings, lo: float, hi: float, steps: int = 64) -> pd.Data
 
 
 def roofline_chart(points: pd.DataFrame, labels: Mapping[str, str],
-                   ceiling: Ceilings | None) -> alt.LayerChart:
+                   ceiling: DeviceCeilings | None) -> alt.LayerChart:
     """Arithmetic intensity against achieved TFLOP/s (log-log), each result a point (a problem's
     results share its intensity), each problem's best filled; with ceilings, the roofline drawn."""
     frame = roofline_frame(points, labels)

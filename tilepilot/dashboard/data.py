@@ -23,7 +23,7 @@ from tilepilot.dashboard import digest as digest_of
 from tilepilot.dashboard import reads
 from tilepilot.dashboard.digest import CampaignDigest
 from tilepilot.dashboard.trial_log import TrialLog
-from tilepilot.experiments import InputError
+from tilepilot.experiments import DeviceCeilings, InputError
 from tilepilot.storage import queries
 from tilepilot.storage.views import EventRow, GpuSampleRow
 
@@ -89,8 +89,8 @@ def trials(path: str, campaign_id: int) -> tuple[reads.TrialPoint, ...]:
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
-def ceilings(path: str) -> list[reads.Ceilings]:
-    return reads.ceilings(_db(path))
+def ceilings(path: str) -> list[DeviceCeilings]:
+    return queries.ceilings(_db(path))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

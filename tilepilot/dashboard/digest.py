@@ -35,8 +35,8 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from tilepilot.dashboard import roofline
-from tilepilot.dashboard.reads import CampaignInfo, Ceilings, ExperimentBrief, LlmSpend, TrialPoint, Winner
-from tilepilot.experiments import canonical_json
+from tilepilot.dashboard.reads import CampaignInfo, ExperimentBrief, LlmSpend, TrialPoint, Winner
+from tilepilot.experiments import DeviceCeilings, canonical_json
 
 NOT_COUNTED = ("invalid",)
 RECENT = 100
@@ -80,7 +80,7 @@ class CampaignDigest:
     gpu_source: str  # "recorded" (campaigns.gpu_seconds) | "timed" (summed from the results) | "" (unknown)
     compile_s: float
     llm: LlmSpend | None
-    ceilings: Ceilings | None
+    ceilings: DeviceCeilings | None
 
     @property
     def progress(self) -> float:
@@ -114,7 +114,7 @@ def _faster(p: TrialPoint, than: TrialPoint) -> bool:
 
 
 def digest(c: CampaignInfo, points: Sequence[TrialPoint], winners: Mapping[str, Winner],
-           briefs: Mapping[str, ExperimentBrief], ceilings: Sequence[Ceilings], llm: LlmSpend | None,
+           briefs: Mapping[str, ExperimentBrief], ceilings: Sequence[DeviceCeilings], llm: LlmSpend | None,
            now: float) -> CampaignDigest:
     by_problem: dict[str, list[TrialPoint]] = {}
     for p in points:
@@ -142,7 +142,8 @@ def _driver(by_problem: Mapping[str, list[TrialPoint]], briefs: Mapping[str, Exp
 
 
 def _problem(c: CampaignInfo, key: str, listed: dict[str, Any] | None, trials: list[TrialPoint],
-             winner: Winner | None, briefs: Mapping[str, ExperimentBrief], ceiling: Ceilings | None) -> ProblemDigest:
+             winner: Winner | None, briefs: Mapping[str, ExperimentBrief],
+             ceiling: DeviceCeilings | None) -> ProblemDigest:
     ok = [t for t in trials if t.status == "ok" and t.median_ms is not None]
     best = min(ok, key=lambda t: t.median_ms or 0.0) if ok else None
     chosen = winner.experiment_key if winner else (best.experiment_key if best else None)
@@ -240,7 +241,7 @@ class RooflinePoint(NamedTuple):
 
 
 def roofline_points(kernel: str, problems: Sequence[ProblemDigest], points: Sequence[TrialPoint],
-                    ceiling: Ceilings | None, per_problem: int = MAX_ROOFLINE_POINTS) -> list[RooflinePoint]:
+                    ceiling: DeviceCeilings | None, per_problem: int = MAX_ROOFLINE_POINTS) -> list[RooflinePoint]:
     """The ok results placed by arithmetic intensity and achieved TFLOP/s; at most `per_problem`
     per problem (its best always, then an even sample). Empty without work models."""
     by_problem: dict[str, list[TrialPoint]] = {}

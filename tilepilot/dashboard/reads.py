@@ -179,22 +179,6 @@ def experiments(db: ReadOnlyDB, keys: Sequence[str]) -> dict[str, ExperimentBrie
     return out
 
 
-@dataclass(frozen=True)
-class Ceilings:
-    device: str
-    driver: str
-    copy_gbps: float
-    matmul_tflops: float
-    matmul_dtype: str
-    measured_at: float
-
-
-def ceilings(db: ReadOnlyDB) -> list[Ceilings]:
-    """Every usable `devices` row (both rates positive), newest first."""
-    return [Ceilings(r["device"], r["driver"], r["copy_gbps"], r["matmul_tflops"], r["matmul_dtype"],
-                     r["measured_at"])
-            for r in db.rows("SELECT device, driver, copy_gbps, matmul_tflops, matmul_dtype, measured_at FROM devices "
-                             "WHERE copy_gbps > 0 AND matmul_tflops > 0 ORDER BY measured_at DESC")]
 
 
 @dataclass(frozen=True)

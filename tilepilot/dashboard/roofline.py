@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tilepilot.dashboard.reads import Ceilings
-from tilepilot.experiments import InputError, Problem
+from tilepilot.experiments import DeviceCeilings, InputError, Problem
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ def work(kernel: str, problem: Mapping[str, Any]) -> WorkOf | None:
     return _work(kernel, tuple(problem.items()))
 
 
-def pick(ceilings: Sequence[Ceilings], device: str, driver: str = "") -> Ceilings | None:
+def pick(ceilings: Sequence[DeviceCeilings], device: str, driver: str = "") -> DeviceCeilings | None:
     """The ceilings of `device` under `driver`, else the newest of `device` under any driver."""
     same = [c for c in ceilings if c.device == device]
     exact = [c for c in same if c.driver == driver]
@@ -60,21 +59,17 @@ def pick(ceilings: Sequence[Ceilings], device: str, driver: str = "") -> Ceiling
     return max(found, key=lambda c: c.measured_at) if found else None
 
 
-def bound_ms(w: WorkOf, c: Ceilings) -> float:
-    return max(w.flops / (c.matmul_tflops * 1e12), w.bytes / (c.copy_gbps * 1e9)) * 1e3
-
-
-def pct(w: WorkOf | None, c: Ceilings | None, median_ms: float | None) -> float | None:
+def pct(w: WorkOf | None, c: DeviceCeilings | None, median_ms: float | None) -> float | None:
     """The share of the roofline in percent, or None."""
-    if w is None or c is None or median_ms is None or median_ms <= 0:
+    if w is None or c is None:
         return None
-    return 100.0 * bound_ms(w, c) / median_ms
+    return c.roofline_pct(w.flops, w.bytes, median_ms)
 
 
 def tflops(w: WorkOf, median_ms: float) -> float:
     return w.flops / (median_ms * 1e-3) / 1e12
 
 
-def ridge(c: Ceilings) -> float:
+def ridge(c: DeviceCeilings) -> float:
     """The arithmetic intensity (FLOPs per byte) where the two ceilings meet."""
     return c.matmul_tflops * 1e12 / (c.copy_gbps * 1e9)

@@ -23,8 +23,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tilepilot.experiments import Problem, Status
+from tilepilot.experiments import DeviceCeilings, Problem, Status
 from tilepilot.storage import cost as cost_mod
+from tilepilot.storage import queries
 from tilepilot.storage.ledger import (
     EvidenceRow,
     HypothesisRow,
@@ -50,15 +51,6 @@ class Toolchain:
     kernel_version: str
     experiments: int
 
-
-@dataclass(frozen=True)
-class Ceilings:
-    device: str
-    driver: str
-    copy_gbps: float
-    matmul_tflops: float
-    matmul_dtype: str
-    measured_at: float
 
 
 @dataclass(frozen=True)
@@ -109,7 +101,7 @@ class Report:
     toolchains: tuple[Toolchain, ...]
     winners: tuple[BestRow, ...]
     convergence: dict[str, tuple[ConvergencePoint, ...]]  # problem key -> points in seq order
-    ceilings: Ceilings | None
+    ceilings: DeviceCeilings | None
     roofline: tuple[RooflinePoint, ...]
     effects: tuple[Effect, ...]
     hypotheses: tuple[HypothesisEntry, ...]
@@ -129,7 +121,7 @@ def build_report(db: ReadOnlyDB, campaign: str | int) -> Report:
     points: dict[str, list[ConvergencePoint]] = {p.problem_key: [] for p in summary.problems}  # campaign order
     for p in convergence(db, cid):
         points.setdefault(p.problem_key, []).append(p)
-    ceilings = _ceilings(db, summary.device)
+    ceilings = next(iter(queries.ceilings(db, summary.device)), None)
     return Report(
         campaign=summary, seed=row["seed"], toolchains=_toolchains(db, cid), winners=winners,
         convergence={k: tuple(v) for k, v in points.items() if v}, ceilings=ceilings,
@@ -146,13 +138,6 @@ def _toolchains(db: ReadOnlyDB, cid: int) -> list[Toolchain]:
                              "GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY n DESC", [cid])]
 
 
-def _ceilings(db: ReadOnlyDB, device: str) -> Ceilings | None:
-    found = db.rows("SELECT * FROM devices WHERE device = ? AND copy_gbps > 0 AND matmul_tflops > 0 "
-                    "ORDER BY measured_at DESC LIMIT 1", [device])
-    if not found:
-        return None
-    r = found[0]
-    return Ceilings(r["device"], r["driver"], r["copy_gbps"], r["matmul_tflops"], r["matmul_dtype"], r["measured_at"])
 
 
 def _work(db: ReadOnlyDB, kernel: str, w: BestRow) -> tuple[float, float] | None:
@@ -172,7 +157,8 @@ def _work(db: ReadOnlyDB, kernel: str, w: BestRow) -> tuple[float, float] | None
     return work.flops, work.bytes
 
 
-def _roofline(db: ReadOnlyDB, kernel: str, winners: tuple[BestRow, ...], ceil: Ceilings | None) -> list[RooflinePoint]:
+def _roofline(db: ReadOnlyDB, kernel: str, winners: tuple[BestRow, ...],
+              ceil: DeviceCeilings | None) -> list[RooflinePoint]:
     out = []
     for w in winners:
         work = _work(db, kernel, w)

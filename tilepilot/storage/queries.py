@@ -16,10 +16,10 @@ from typing import Any
 
 import sqlite_utils
 
-from tilepilot.experiments import InputError, Status, canonical_json
+from tilepilot.experiments import DeviceCeilings, InputError, Status, canonical_json
 from tilepilot.storage.filters import Filters, conditions, parse_filters
 from tilepilot.storage.roofline import roofline_pcts
-from tilepilot.storage.rows import loads, queue_from_row
+from tilepilot.storage.rows import ceilings_from_row, loads, queue_from_row
 from tilepilot.storage.schema import open_database
 from tilepilot.storage.views import (
     BestRow,
@@ -303,6 +303,15 @@ def queue_view(db: ReadOnlyDB, campaign_id: int | None = None, *, next_limit: in
                    for r in done),
         queued_total=counts.get("queued", 0),
         done_total=counts.get("done", 0) + counts.get("dropped", 0))
+
+
+def ceilings(db: ReadOnlyDB, device: str | None = None) -> list[DeviceCeilings]:
+    """The usable device ceilings (both rates positive), newest first; those of one device if given."""
+    where, params = "copy_gbps > 0 AND matmul_tflops > 0", []
+    if device is not None:
+        where, params = where + " AND device = ?", [device]
+    return [ceilings_from_row(r)
+            for r in db.rows(f"SELECT * FROM devices WHERE {where} ORDER BY measured_at DESC", params)]
 
 
 def events(db: ReadOnlyDB, *, campaign_id: int | None = None, kinds: Sequence[str] | None = None,
