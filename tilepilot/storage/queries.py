@@ -179,7 +179,7 @@ def best(db: ReadOnlyDB, *, campaign: str | int | None = None, kernel: str | Non
         row = _best_of(trials, winners.get(gkey))
         if row is not None:
             out.append(row)
-    pcts = roofline_pcts(db.rows, [(b.experiment_key, b.median_ms) for b in out])
+    pcts = roofline_pcts(db.rows, [(b.experiment_key, b.median_ms) for b in out], ceilings(db))
     return [dataclasses.replace(b, roofline_pct=pcts.get(b.experiment_key)) for b in out]
 
 

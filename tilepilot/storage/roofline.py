@@ -13,18 +13,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from tilepilot.experiments.result import roofline_pct
+from tilepilot.experiments import DeviceCeilings
 from tilepilot.storage.rows import in_chunks, loads
 
 RowsFn = Callable[[str, Sequence[Any]], list[dict[str, Any]]]
 
 
-def roofline_pcts(rows: RowsFn, timed: Iterable[tuple[str, float | None]]) -> dict[str, float]:
-    """Experiment key -> roofline percentage at the given median time, for the keys that have one."""
+def roofline_pcts(rows: RowsFn, timed: Iterable[tuple[str, float | None]],
+                  ceilings: Sequence[DeviceCeilings]) -> dict[str, float]:
+    """Experiment key -> roofline percentage at the given median time, for the keys that have one.
+    `ceilings`: the usable ones, newest first (`queries.ceilings`)."""
     wanted = {key: ms for key, ms in timed if ms is not None and ms > 0}
     if not wanted:
         return {}
-    rates = _rates(rows)
+    rates = _by_device(ceilings)
     if not rates:
         return {}
     out: dict[str, float] = {}
@@ -37,20 +39,18 @@ def roofline_pcts(rows: RowsFn, timed: Iterable[tuple[str, float | None]]) -> di
     return out
 
 
-def _rates(rows: RowsFn) -> dict[tuple[str, str | None], tuple[float, float]]:
-    """(device, driver) and (device, None) -> (copy GB/s, matmul TFLOP/s); the newest row wins."""
-    out: dict[tuple[str, str | None], tuple[float, float]] = {}
-    for r in rows("SELECT device, driver, copy_gbps, matmul_tflops FROM devices ORDER BY measured_at", []):
-        if r["copy_gbps"] and r["matmul_tflops"] and r["copy_gbps"] > 0 and r["matmul_tflops"] > 0:
-            out[(r["device"], r["driver"])] = out[(r["device"], None)] = (r["copy_gbps"], r["matmul_tflops"])
+def _by_device(ceilings: Sequence[DeviceCeilings]) -> dict[tuple[str, str | None], DeviceCeilings]:
+    """(device, driver) and (device, None) -> ceilings; the newest wins."""
+    out: dict[tuple[str, str | None], DeviceCeilings] = {}
+    for c in reversed(ceilings):  # oldest first, so that the newest is written last
+        out[(c.device, c.driver)] = out[(c.device, None)] = c
     return out
 
 
-def _pct(r: dict[str, Any], median_ms: float, rates: dict[tuple[str, str | None], tuple[float, float]],
-         ) -> float | None:
-    rate = rates.get((r["device"], r["driver"])) or rates.get((r["device"], None))
+def _pct(r: dict[str, Any], median_ms: float, rates: dict[tuple[str, str | None], DeviceCeilings]) -> float | None:
+    ceiling = rates.get((r["device"], r["driver"])) or rates.get((r["device"], None))
     extra = loads(r["extra"])
     flops, nbytes = extra.get("work_flops"), extra.get("work_bytes")
-    if rate is None or not isinstance(flops, int | float) or not isinstance(nbytes, int | float):
+    if ceiling is None or not isinstance(flops, int | float) or not isinstance(nbytes, int | float):
         return None
-    return roofline_pct(float(flops), float(nbytes), median_ms, copy_gbps=rate[0], matmul_tflops=rate[1])
+    return ceiling.roofline_pct(float(flops), float(nbytes), median_ms)
