@@ -5,7 +5,9 @@ The campaign: 3 matmul problems, the `random` proposer with a fixed seed (so eve
 the same 16 configs per problem: what differs between runs is the measurement alone), budget 16
 on the recorded 162-config grid, no hypothesis experiments. Each run is `python -m tilepilot
 tune --backend gpu` in a subprocess on a fresh database. Then, in this process, the distinct
-winners of each problem are evaluated together (interleaved, the default timing plan) five times:
+winners of each problem are re-measured together five times as a campaign re-measures its finalists
+before it declares a winner (interleaved, the evaluator's `remeasure` plan: at least 5 rounds of
+twice the block length, half the spread target, four times the time cap):
 each winner's spread over the five medians is (max - min) / median, and where runs declared
 different winners, the slowest of them over the fastest says whether they are within 0.5%.
 
@@ -92,7 +94,7 @@ def remeasure(problem: Problem, configs: list[Config]) -> dict[Config, list[floa
     ev = Evaluator("gpu")
     medians: dict[Config, list[float]] = {c: [] for c in configs}
     for _ in range(REMEASURES):
-        for r in ev.evaluate("matmul", problem, configs):
+        for r in ev.remeasure("matmul", problem, configs):
             if r.status is not Status.OK:
                 raise RuntimeError(f"{problem.label()} {r.config.label()}: {r.status} {r.message}")
             medians[r.config].append(r.timing.median_ms)
@@ -143,7 +145,8 @@ def main() -> int:
     report = {
         "what": "the same small gpu campaign (3 matmul problems, random proposer with a fixed seed, budget "
                 f"{args.budget}, fresh database each) run {args.runs} times: same winner or within 0.5%; each "
-                f"winner re-measured {REMEASURES} times (default plan, interleaved): (max - min) / median <= 1%",
+                f"winner re-measured {REMEASURES} times (the campaign's re-measure plan, interleaved): "
+                "(max - min) / median <= 1%",
         "command": " ".join(["python", "bench/stability.py", *sys.argv[1:]]),
         "date": dt.date.today().isoformat(),
         "environment": runs[0]["environment"], "ceilings": runs[0]["ceilings"],

