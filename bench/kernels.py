@@ -176,6 +176,11 @@ def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: An
     if family.name == "silu_mul_fp8_quant":
         arms.config("vllm-fallback", Config.of(VLLM_FALLBACK))
     arms.add("baseline", lambda out: family.baseline(problem, arms.inputs, out), name=family.baseline_name)
+    if family.name == "attention":  # every fused SDPA backend; the fastest per shape becomes `sdpa-best`
+        from tilepilot.kernels.attention import sdpa_backends
+
+        for backend, fn in sdpa_backends(problem, arms.inputs).items():
+            arms.add(f"sdpa-{backend}", lambda out, fn=fn: fn, name=f"scaled_dot_product_attention ({backend})")
     if family.name in COMPILED_BASELINE:
         arms.add("torch.compile", lambda out: torch.compile(family.baseline(problem, arms.inputs, out)),
                  name=f"torch.compile of the {family.baseline_name} baseline")
@@ -198,6 +203,10 @@ def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: An
     tutorial = [a for n, a in row["arms"].items() if n.startswith("tutorial-") and a.get("median_ms")]
     if tutorial:
         row["arms"]["tutorial"] = min(tutorial, key=lambda a: a["median_ms"])
+    sdpa = [n for n, a in row["arms"].items() if n.startswith("sdpa-") and a.get("median_ms")]
+    if sdpa:
+        fastest = min(sdpa, key=lambda n: row["arms"][n]["median_ms"])
+        row["arms"]["sdpa-best"] = {**row["arms"][fastest], "backend": fastest.removeprefix("sdpa-")}
     return row
 
 

@@ -6,11 +6,22 @@ Problem: B (batch), H (heads), S (sequence length, queries = keys), D (head dim:
 [B, H, S, D] contiguous in the input dtype; the softmax runs in float32 with the scale 1/sqrt(D).
 
 Config space: BLOCK_M (queries per program), BLOCK_N (keys per step), num_warps and num_stages
-(the software pipeline of the key loop), with the constraints below (each names what is wrong):
+(the software pipeline of the key loop), and the kernel variant:
+- VARIANT (default "plain"): which kernel runs.
+  - "plain": the kernel of `attention_triton.py`, loading through pointers (masked at the ends);
+  - "tma": the same block walk with Q, K and V loaded and O stored through tensor descriptors
+    (`attention_tma_triton.py`, the Hopper path of Triton's fused-attention tutorial): the bulk
+    tensor copy engine fills the pipelined K and V buffers in shared memory, out-of-range rows
+    zero-filled, no masked loads. Needs sm_90 and a Triton with `tl.make_tensor_descriptor`,
+    else the config is a `compile_error` that says so; runs under the interpreter too.
+  A config recorded before VARIANT existed is the plain kernel (`SearchSpace.parse` fills in the
+  default, and the family reads a missing VARIANT as it).
+The constraints below name what is wrong:
 - causal: BLOCK_N <= BLOCK_M, the diagonal band of BLOCK_M keys is walked BLOCK_N at a time;
 - no block longer than the sequence needs (only masked rows or keys added);
 - the K and V tiles of the pipeline and the Q tile within the H100's 227 KiB of shared memory
-  per block (`shared_bytes`, what sm_90 compiles allocate);
+  per block (`shared_bytes`, what sm_90 compiles allocate; the tma variant adds its copies'
+  barriers, `TMA_BARRIER_BYTES`);
 - the fp32 accumulator and score tile and the 16-bit probability tile that each thread holds
   must leave room for the rest of the kernel in the 255 registers a thread can have
   (`tile_registers`): beyond `MAX_TILE_REGISTERS` ptxas spills (sm_90 compiles).
@@ -72,6 +83,7 @@ LOG2_E = 1.4426950408889634
 H100_SHARED_BYTES = Target().max_shared_bytes
 WARP = 32
 MAX_TILE_REGISTERS = 192  # see tile_registers
+TMA_BARRIER_BYTES = 1024  # the tma variant's copy barriers, aligned as its swizzled tiles (sm_90 compiles)
 
 PARAMS = (
     Param("BLOCK_M", (64, 128)),
@@ -79,6 +91,14 @@ PARAMS = (
     Param("num_warps", (4, 8)),
     Param("num_stages", (2, 3, 4, 5)),
 )
+VARIANTS = ("plain", "tma")
+VARIANT_PARAMS = (Param("VARIANT", VARIANTS, default="plain"),)
+DEFAULTS: dict[str, Any] = {p.name: p.default for p in VARIANT_PARAMS}
+
+
+def setting(config: Config, name: str) -> Any:
+    """A variant parameter of the config, its default where the config predates it."""
+    return config.get(name, DEFAULTS[name])
 
 
 def dims(problem: Problem) -> tuple[int, int, int, int]:
@@ -147,10 +167,12 @@ def shared_bytes(config: Config, problem: Problem) -> int:
     """Shared memory of the kernel: num_stages buffers of a K tile and a V tile (BLOCK_N × D
     each) and the Q tile (BLOCK_M × D) that the first product reads from shared memory, all in
     the input dtype. Exactly what Triton 3.9 allocates for sm_90 on every config of the space
-    (tests/test_kernels_attention.py compiles a sample)."""
+    (tests/test_kernels_attention.py compiles a sample); VARIANT=tma at most TMA_BARRIER_BYTES
+    more (its copies' barriers; the O tile it stores reuses the pipeline's buffers)."""
     bm, bn, d = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(problem["D"])
     size = DTYPE_BYTES[str(problem["dtype"])]
-    return (int(config["num_stages"]) * 2 * bn + bm) * d * size
+    tiles = (int(config["num_stages"]) * 2 * bn + bm) * d * size
+    return tiles + (TMA_BARRIER_BYTES if setting(config, "VARIANT") == "tma" else 0)
 
 
 def shared_memory_fits(config: Config, problem: Problem) -> str | None:
@@ -183,7 +205,8 @@ def registers_fit(config: Config, problem: Problem) -> str | None:
     return None
 
 
-SPACE = SearchSpace(PARAMS, (causal_diagonal_tiles, blocks_fit_sequence, shared_memory_fits, registers_fit))
+SPACE = SearchSpace((*PARAMS, *VARIANT_PARAMS),
+                    (causal_diagonal_tiles, blocks_fit_sequence, shared_memory_fits, registers_fit))
 
 
 class AttentionFamily(KernelFamily):
@@ -191,7 +214,7 @@ class AttentionFamily(KernelFamily):
     baseline_name: ClassVar[str] = "PyTorch SDPA"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = ("flash-attention forward, softmax(Q Kᵀ / sqrt(D)) V, bf16/fp16, causal or not, "
-                                  "float32 online softmax (fused-attention tutorial)")
+                                  "float32 online softmax (fused-attention tutorial; variants plain, tma)")
     dtypes: ClassVar[tuple[str, ...]] = DTYPES
     l2_flush: ClassVar[bool] = False
 
@@ -208,7 +231,8 @@ class AttentionFamily(KernelFamily):
         block_n, warps, stages = (64, 4, 4) if d <= 64 else (32, 8, 3)
         block_m = min(128, max(64, next_power_of_2(s)))
         block_n = min(block_n, block_m, max(32, next_power_of_2(s)))
-        return Config.of({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages})
+        return Config.of({"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages,
+                          **DEFAULTS})
 
     def work(self, problem: Problem) -> Work:
         b, h, s, d = dims(problem)
@@ -221,17 +245,20 @@ class AttentionFamily(KernelFamily):
         return f"{problem['dtype']} D:{problem['D']} causal:{problem['causal']} S:{int_class(int(problem['S']))}"
 
     def source_hash(self) -> str:
-        return hash_modules(type(self).__module__, "tilepilot.kernels.attention_triton")
+        return hash_modules(type(self).__module__, "tilepilot.kernels.attention_triton",
+                            "tilepilot.kernels.attention_tma_triton")
 
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
-        from tilepilot.kernels import attention_triton
         from tilepilot.kernels.compile import Pointer, aot_compile
+        from tilepilot.kernels.matmul import _require_tma
 
+        if setting(config, "VARIANT") == "tma":
+            _require_tma(target)
         dtype = str(problem["dtype"])
         args: dict[str, Any] = {f"{name}_ptr": Pointer(dtype) for name in ("q", "k", "v", "o")}
         args["S"] = int(problem["S"])
-        return aot_compile(attention_triton.attention_kernel, args, _constexprs(problem, config), target,
+        return aot_compile(_kernel(config), args, _constexprs(problem, config), target,
                            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
 
     def make_inputs(self, problem: Problem, seed: int, device: str) -> tuple[Any, ...]:
@@ -268,28 +295,45 @@ class AttentionFamily(KernelFamily):
 
     def launcher(self, problem: Problem, config: Config, inputs: tuple[Any, ...], out: Any,
                  compiled: Any | None) -> Callable[[], None]:
-        from tilepilot.kernels import attention_triton
+        from tilepilot.kernels.matmul import _with_scratch
 
         _check_operands(problem, inputs, out)
         q, k, v = inputs
         b, h, s, _ = dims(problem)
         grid = ((s + int(config["BLOCK_M"]) - 1) // int(config["BLOCK_M"]), b * h, 1)
         values = {"q_ptr": q, "k_ptr": k, "v_ptr": v, "o_ptr": out, "S": s}
-        return launch(attention_triton.attention_kernel, grid, values, _constexprs(problem, config), config, compiled)
+        run = launch(_kernel(config), grid, values, _constexprs(problem, config), config, compiled)
+        if setting(config, "VARIANT") == "tma":  # the descriptors are made on the device, in scratch memory
+            return _with_scratch(run, compiled, grid[0] * grid[1], out)
+        return run
 
     def baseline(self, problem: Problem, inputs: tuple[Any, ...], out: Any) -> Callable[[], None] | None:
-        """PyTorch's SDPA in the input dtype, held to its flash-attention backend."""
-        import torch
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        """PyTorch's SDPA in the input dtype, held to its flash-attention backend (the others:
+        `sdpa_backends`)."""
+        return sdpa_backends(problem, inputs)["flash"]
 
-        q, k, v = inputs
-        causal = bool(problem["causal"])
 
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+
+
+def sdpa_backends(problem: Problem, inputs: tuple[Any, ...]) -> dict[str, Callable[[], Any]]:
+    """`scaled_dot_product_attention` in the input dtype held to each of PyTorch's fused backends
+    (`SDPA_BACKENDS`: flash, efficient (memory-efficient), cudnn), by name: closures that return
+    the output. One that cannot run these inputs on this device raises RuntimeError when called."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = inputs
+    causal = bool(problem["causal"])
+
+    def held(backend: Any) -> Callable[[], Any]:
         def run() -> Any:
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            with sdpa_kernel(backend):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         return run
+
+    return {name: held(getattr(SDPBackend, attr)) for name, attr in SDPA_BACKENDS.items()}
 
 
 def row_error(out: Any, ref: Any) -> float:
@@ -310,9 +354,21 @@ def torch_dtype(problem: Problem) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[str(problem["dtype"])]
 
 
+def _kernel(config: Config) -> Any:
+    """The variant's Triton function."""
+    from tilepilot.kernels import attention_tma_triton, attention_triton
+
+    if setting(config, "VARIANT") == "tma":
+        return attention_tma_triton.attention_tma_kernel
+    return attention_triton.attention_kernel
+
+
 def _constexprs(problem: Problem, config: Config) -> dict[str, Any]:
-    return {"HEAD_DIM": int(problem["D"]), "BLOCK_M": int(config["BLOCK_M"]), "BLOCK_N": int(config["BLOCK_N"]),
-            "CAUSAL": bool(problem["causal"]), "QK_SCALE": qk_scale(problem)}
+    consts = {"HEAD_DIM": int(problem["D"]), "BLOCK_M": int(config["BLOCK_M"]), "BLOCK_N": int(config["BLOCK_N"]),
+              "CAUSAL": bool(problem["causal"]), "QK_SCALE": qk_scale(problem)}
+    if setting(config, "VARIANT") == "tma":
+        consts["WARP_SPECIALIZE"] = False
+    return consts
 
 
 def _check_operands(problem: Problem, inputs: tuple[Any, ...], out: Any) -> None:
