@@ -11,10 +11,11 @@ Child processes load them through TILEPILOT_KERNEL_MODULES=tests.worker_families
   With $TILEPILOT_TEST_MARKERS set, it marks the process busy while it sleeps (a file named
   after its pid, `<pid>.busy`) and appends "pid start end problem config" (tab-separated) to `measure.log` there:
   the witness of where and when the work ran.
-- `test_oom`: matmul plus FAULT="oom": preparing its launch allocates twice the GPU's memory
-  (a real torch.OutOfMemoryError on a GPU; on the CPU, where memory is the host's, it raises
-  torch.OutOfMemoryError itself, SIMULATED). Its input factory raises torch.OutOfMemoryError,
-  SIMULATED, when a problem's inputs exceed $TILEPILOT_TEST_DEVICE_BYTES (unset: no limit).
+- `test_oom`: `matmul_faults` (oob, exit, sleep, hang) plus FAULT="oom": preparing its launch
+  allocates twice the GPU's memory (a real torch.OutOfMemoryError on a GPU; on the CPU, where
+  memory is the host's, it raises torch.OutOfMemoryError itself, SIMULATED). Its input factory
+  raises torch.OutOfMemoryError, SIMULATED, when a problem's inputs exceed
+  $TILEPILOT_TEST_DEVICE_BYTES (unset: no limit).
 """
 
 from __future__ import annotations
