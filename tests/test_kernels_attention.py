@@ -5,7 +5,10 @@ default config, the work model, the specialisation. In a child with no GPU: sm_9
 whose shared memory is the constraint's model and whose spills ptxas reports as the register
 rule predicts. In a child under the Triton interpreter (fp16; bf16 runs on the GPU only,
 tests/test_kernels_families_gpu.py): a query never sees a later key, ragged and tiny sequence
-lengths, nothing written past the output, huge logits, and the row-wise error measure.
+lengths, nothing written past the output, huge logits, and the row-wise error measure, each for
+both variants (plain, tma). On the GPU (`gpu` mark): the tma variant in bf16 on the issue's shapes
+and ragged ones, its bulk tensor copies on the GPU's Triton, and every SDPA backend's output.
+The tma variant for a pre-Hopper target is a `compile_error` that says why.
 """
 
 from __future__ import annotations
@@ -27,25 +30,35 @@ def problem(s: int, d: int, causal: bool, *, b: int = 4, h: int = 32, dtype: str
     return FAMILY.parse_problem({"B": b, "H": h, "S": s, "D": d, "causal": causal, "dtype": dtype})
 
 
-def config(bm: int, bn: int, warps: int, stages: int) -> Config:
-    return Config.of({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages})
+def config(bm: int, bn: int, warps: int, stages: int, variant: str = "plain") -> Config:
+    return Config.of({"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": warps, "num_stages": stages, "VARIANT": variant})
 
 
 # ---- in this process -----------------------------------------------------------------------------
-def test_space_is_the_tutorial_grid_and_every_config_is_valid_or_says_why() -> None:
+def test_space_is_the_tutorial_grid_per_variant_and_every_config_is_valid_or_says_why() -> None:
     space = FAMILY.space()
-    assert space.names == ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages") and space.size == 48
+    assert space.names == ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "VARIANT") and space.size == 96
+    assert space.param("VARIANT").choices == ("plain", "tma") and space.param("VARIANT").default == "plain"
     counts = {}
     for s in (1024, 4096):
         for d in (64, 128):
             for causal in (False, True):
                 p = problem(s, d, causal)
-                reasons = [space.check(c, p) for c in space]
-                assert all(r is None or (r and "\n" not in r) for r in reasons)
-                counts[(s, d, causal)] = reasons.count(None)
-    assert counts[(1024, 64, False)] == counts[(4096, 64, False)] == 44  # BLOCK_M=128, BLOCK_N=128 on 4 warps spill
-    assert counts[(1024, 128, False)] == counts[(4096, 128, False)] == 34
-    assert counts[(1024, 64, True)] == 36 and counts[(1024, 128, True)] == 30  # and no BLOCK_N > BLOCK_M
+                for variant in ("plain", "tma"):
+                    reasons = [space.check(c, p) for c in space if c["VARIANT"] == variant]
+                    assert all(r is None or (r and "\n" not in r) for r in reasons)
+                    counts[(s, d, causal, variant)] = reasons.count(None)
+    for v in ("plain", "tma"):  # the variants share the tile grid and its limits
+        assert counts[(1024, 64, False, v)] == counts[(4096, 64, False, v)] == 44  # BLOCK_M=128, BLOCK_N=128, 4 warps
+        assert counts[(1024, 128, False, v)] == counts[(4096, 128, False, v)] == 34
+        assert counts[(1024, 64, True, v)] == 36 and counts[(1024, 128, True, v)] == 30  # and no BLOCK_N > BLOCK_M
+
+
+def test_a_config_recorded_before_variants_is_the_plain_kernel() -> None:
+    old = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    assert FAMILY.space().parse(old) == config(128, 64, 4, 3)
+    assert attention.setting(Config.of(old), "VARIANT") == "plain"
+    assert FAMILY.space().check(Config.of(old), problem(1024, 64, False)) is None
 
 
 @pytest.mark.parametrize(("p", "c", "expected"), [
@@ -60,6 +73,9 @@ def test_space_is_the_tutorial_grid_and_every_config_is_valid_or_says_why() -> N
     (problem(1024, 128, False), config(128, 32, 4, 5), None),  # 176 registers: no spill
     (problem(1024, 128, False), config(64, 128, 8, 3), None),  # 212992 B of shared memory fits
     (problem(1024, 64, False), config(64, 128, 4, 5), None),  # BLOCK_N > BLOCK_M is fine without the causal mask
+    (problem(1024, 128, False), config(64, 128, 8, 3, "tma"), None),  # 214016 B with the copies' barriers
+    (problem(1024, 128, False), config(128, 64, 4, 2, "tma"), "take 224 registers per thread"),
+    (problem(1024, 64, True), config(64, 128, 4, 2, "tma"), "causal: BLOCK_N=128 is longer than the diagonal band"),
 ], ids=str)
 def test_constraints_name_what_is_wrong(p: Problem, c: Config, expected: str | None) -> None:
     reason = FAMILY.space().check(c, p)
@@ -70,7 +86,7 @@ def test_constraints_name_what_is_wrong(p: Problem, c: Config, expected: str | N
 
 
 def test_default_config_is_the_tutorials_choice_for_the_head_dim() -> None:
-    assert FAMILY.default_config(problem(4096, 64, True)) == config(128, 64, 4, 4)
+    assert FAMILY.default_config(problem(4096, 64, True)) == config(128, 64, 4, 4, "plain")
     assert FAMILY.default_config(problem(1024, 32, False)) == config(128, 64, 4, 4)
     assert FAMILY.default_config(problem(4096, 128, False)) == config(128, 32, 8, 3)
     assert FAMILY.default_config(problem(40, 64, True)) == config(64, 64, 4, 4)  # shortened to the sequence
@@ -131,7 +147,11 @@ for raw, cfg in json.loads(sys.argv[1]):
                              capture_output=True, text=True, check=True).stderr
     spills = re.search(r"(\\d+) bytes spill stores", log)
     out.append([p.label(), c.label(), int(kernel.metadata.shared), shared_bytes(c, p), registers_fit(c, p),
-                int(spills.group(1))])
+                int(spills.group(1)), len(re.findall(r"cp\\.async\\.bulk\\.tensor", kernel.asm["ptx"]))])
+from tilepilot.kernels.evaluate import compile_config
+raw, cfg = json.loads(sys.argv[1])[-1]
+o = compile_config("attention", Problem.of(raw), Config.of(cfg), Target(arch=80, max_shared_bytes=166912))
+out.append([o.status.value, o.message])
 print(json.dumps(out))
 """
 
@@ -141,7 +161,11 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> list[list[Any]]:
     jobs = [(problem(1024, 128, True), config(128, 32, 4, 2)),  # 176 registers: the most that do not spill
             (problem(1024, 128, False), config(128, 64, 4, 2)),  # 224: the fewest that do
             (problem(1024, 64, False), config(64, 128, 8, 3)),
-            (problem(1000, 128, False, dtype="fp16"), config(64, 32, 8, 5))]
+            (problem(1000, 128, False, dtype="fp16"), config(64, 32, 8, 5)),
+            (problem(1024, 128, True), config(128, 32, 4, 2, "tma")),
+            (problem(1024, 128, False), config(128, 64, 4, 2, "tma")),
+            (problem(1024, 64, False), config(64, 128, 8, 3, "tma")),
+            (problem(1000, 64, True, dtype="fp16"), config(64, 64, 4, 3, "tma"))]
     env = {"CUDA_VISIBLE_DEVICES": "", "TRITON_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
     result: list[list[Any]] = run_child(COMPILE_CHILD, json.dumps([[p.as_dict(), c.as_dict()] for p, c in jobs]),
                                         env=env)
@@ -149,14 +173,28 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> list[list[Any]]:
 
 
 def test_shared_memory_model_is_what_sm90_compiles_allocate(compiled: list[list[Any]]) -> None:
-    for label, cfg, shared, predicted, _, _ in compiled:
-        assert shared == predicted, (label, cfg, shared, predicted)
+    for label, cfg, shared, predicted, *_ in compiled[:-1]:
+        if cfg.endswith("VARIANT=plain"):
+            assert shared == predicted, (label, cfg, shared, predicted)
+        else:  # the copies' barriers: 1024 B where the tiles are swizzled by 128 B, less where by 64
+            assert predicted - attention.TMA_BARRIER_BYTES < shared <= predicted, (label, cfg, shared, predicted)
 
 
 def test_register_rule_rejects_exactly_the_configs_ptxas_spills(compiled: list[list[Any]]) -> None:
-    for label, cfg, _, _, reason, spills in compiled:
+    for label, cfg, _, _, reason, spills, _ in compiled[:-1]:
         assert (reason is not None) == (spills > 0), (label, cfg, reason, spills)
-    assert any(spills > 0 for *_, spills in compiled)
+    assert sum(spills > 0 for *_, spills, _ in compiled[:-1]) == 2  # one per variant
+
+
+def test_tma_variant_loads_keys_and_values_by_bulk_tensor_copies(compiled: list[list[Any]]) -> None:
+    for label, cfg, *_, bulk in compiled[:-1]:
+        assert (bulk > 0) == cfg.endswith("VARIANT=tma"), (label, cfg, bulk)
+
+
+def test_tma_for_a_pre_hopper_target_is_a_compile_error_that_says_why(compiled: list[list[Any]]) -> None:
+    status, message = compiled[-1]
+    assert status == "compile_error"
+    assert "VARIANT=tma needs TMA (cuda sm_90 or later); the target is cuda sm_80" in message
 
 
 # ---- under the interpreter -------------------------------------------------------------------------------
@@ -171,8 +209,9 @@ Evaluator("interpret")  # TRITON_INTERPRET=1 before the kernel is imported
 from tilepilot.kernels import attention, attention_triton
 
 family = get_family("attention")
-CONFIGS = [Config.of(dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), c)))
-           for c in ((64, 32, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 4, 4))]
+CONFIGS = [Config.of(dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "VARIANT"), c)))
+           for c in ((64, 32, 4, 2, "plain"), (64, 64, 4, 3, "plain"), (128, 64, 8, 2, "plain"),
+                     (128, 32, 4, 4, "plain"), (64, 32, 4, 2, "tma"), (128, 64, 8, 2, "tma"))]
 out = {}
 
 
@@ -234,6 +273,10 @@ c = CONFIGS[2]
 attention_triton.attention_kernel[(1, 6, 1)](q, k, v, o, 100, **attention._constexprs(p, c), num_warps=8, num_stages=2)
 out["sentinel_kept"] = bool((buf[q.numel():] == 7.0).all())
 out["sentinel_error"] = family.error(p, o, family.reference(p, (q, k, v)))
+buf.fill_(7.0)
+family.launcher(p, CONFIGS[5], (q, k, v), o, None)()  # the tma variant's zero-filled tail tiles
+out["tma_sentinel_kept"] = bool((buf[q.numel():] == 7.0).all())
+out["tma_sentinel_error"] = family.error(p, o, family.reference(p, (q, k, v)))
 
 # huge logits (|q·k|/sqrt(D) in the thousands), the largest key moving right block by block (rescaled sums)
 p = problem(1, 2, 100, 64, False)
@@ -299,6 +342,13 @@ def test_ragged_and_tiny_sequences_match_the_reference(interpreted: dict[str, An
 
 def test_nothing_is_written_past_the_output(interpreted: dict[str, Any]) -> None:
     assert interpreted["sentinel_kept"] and interpreted["sentinel_error"] < 2e-3
+    assert interpreted["tma_sentinel_kept"] and interpreted["tma_sentinel_error"] < 2e-3
+
+
+def test_both_variants_ran_every_interpreter_case(interpreted: dict[str, Any]) -> None:
+    for variant in ("plain", "tma"):
+        assert sum(cfg.endswith(f"VARIANT={variant}") for _, cfg, _, _ in interpreted["ragged"]) >= 12
+        assert sum(cfg.endswith(f"VARIANT={variant}") for _, cfg, _, _ in interpreted["causal_later_keys"]) >= 2
 
 
 def test_huge_logits_stay_finite_and_correct(interpreted: dict[str, Any]) -> None:
@@ -317,3 +367,69 @@ def test_row_error_catches_what_the_global_norm_hides(interpreted: dict[str, Any
     assert interpreted["late_row_global_error"] < tol < interpreted["late_row_error"]
     assert interpreted["late_row_error"] == pytest.approx(0.02, rel=0.05)
     assert interpreted["nan_error"] == float("inf")
+
+
+# ---- on the GPU (bf16, the compiled kernels) -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gpu_evaluator() -> Any:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from tilepilot.kernels.evaluate import Evaluator
+
+    return Evaluator("gpu", rounds=2, block_ms=2.0)
+
+
+ISSUE_SHAPES = [(s, d, c) for s in (1024, 4096) for d in (64, 128) for c in (False, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ISSUE_SHAPES, ids=lambda v: "S={} D={} causal={}".format(*v))
+def test_tma_variant_is_correct_on_the_issue_shapes_in_bf16(gpu_evaluator: Any, record_property: Any,
+                                                            shape: tuple[int, int, bool]) -> None:
+    from tilepilot.experiments import Status
+
+    p = problem(*shape)
+    plain = FAMILY.default_config(p)
+    tma = Config.of({**plain.as_dict(), "VARIANT": "tma"})
+    results = gpu_evaluator.evaluate("attention", p, [plain, tma, config(64, 64, 4, 3, "tma")])
+    for r in results:
+        assert r.status is Status.OK, (r.config.label(), r.message)
+        assert 0 <= r.max_rel_err < FAMILY.tolerance(p), (r.config.label(), r.max_rel_err)
+        assert r.extra["n_spills"] == 0 and r.extra["shared_bytes"] <= attention.shared_bytes(r.config, p)
+        record_property(r.config.label(), f"{r.max_rel_err:.2e} max row err, {r.median_ms:.4f} ms")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1000, 128, True), (1000, 64, False), (1, 64, True), (77, 32, False)],
+                         ids=lambda v: "S={} D={} causal={}".format(*v))
+def test_tma_variant_is_correct_on_ragged_shapes(gpu_evaluator: Any, shape: tuple[int, int, bool]) -> None:
+    from tilepilot.experiments import Status
+
+    p = problem(*shape, b=2, h=3)
+    configs = [c for c in FAMILY.space().valid(p) if c["VARIANT"] == "tma"][:3]
+    assert configs
+    for r in gpu_evaluator.evaluate("attention", p, configs):
+        assert r.status is Status.OK, (p.label(), r.config.label(), r.message)
+        assert 0 <= r.max_rel_err < FAMILY.tolerance(p), (p.label(), r.config.label(), r.max_rel_err)
+
+
+@pytest.mark.gpu
+def test_tma_variant_copies_keys_and_values_by_bulk_tensor_copies_on_this_triton(gpu_evaluator: Any) -> None:
+    p = problem(4096, 128, True)
+    ptx = FAMILY.compile(p, config(128, 64, 8, 3, "tma"), gpu_evaluator.target()).asm["ptx"]
+    assert "cp.async.bulk.tensor.2d" in ptx and "wgmma.mma_async" in ptx
+
+
+@pytest.mark.gpu
+def test_every_sdpa_backend_is_checked_against_the_reference(gpu_evaluator: Any) -> None:
+    p = problem(1024, 64, True, b=1, h=4)
+    inputs = FAMILY.make_inputs(p, 0, "cuda")
+    ref = FAMILY.reference(p, inputs)
+    errors = {}
+    for name, run in attention.sdpa_backends(p, inputs).items():
+        try:
+            errors[name] = FAMILY.error(p, run(), ref)
+        except RuntimeError:  # a backend this device or build lacks
+            continue
+    assert "flash" in errors and all(err < FAMILY.tolerance(p) for err in errors.values()), errors

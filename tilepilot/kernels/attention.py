@@ -9,10 +9,10 @@ Config space: BLOCK_M (queries per program), BLOCK_N (keys per step), num_warps 
 (the software pipeline of the key loop), and the kernel variant:
 - VARIANT (default "plain"): which kernel runs.
   - "plain": the kernel of `attention_triton.py`, loading through pointers (masked at the ends);
-  - "tma": the same block walk with Q, K and V loaded and O stored through tensor descriptors
+  - "tma": the same block walk with the K and V tiles loaded through tensor descriptors
     (`attention_tma_triton.py`, the Hopper path of Triton's fused-attention tutorial): the bulk
-    tensor copy engine fills the pipelined K and V buffers in shared memory, out-of-range rows
-    zero-filled, no masked loads. Needs sm_90 and a Triton with `tl.make_tensor_descriptor`,
+    tensor copy engine fills the pipelined K and V buffers in shared memory, rows past S
+    zero-filled, no masked loads in the key loop. Needs sm_90 and a Triton with `tl.make_tensor_descriptor`,
     else the config is a `compile_error` that says so; runs under the interpreter too.
   A config recorded before VARIANT existed is the plain kernel (`SearchSpace.parse` fills in the
   default, and the family reads a missing VARIANT as it).
@@ -366,8 +366,6 @@ def _kernel(config: Config) -> Any:
 def _constexprs(problem: Problem, config: Config) -> dict[str, Any]:
     consts = {"HEAD_DIM": int(problem["D"]), "BLOCK_M": int(config["BLOCK_M"]), "BLOCK_N": int(config["BLOCK_N"]),
               "CAUSAL": bool(problem["causal"]), "QK_SCALE": qk_scale(problem)}
-    if setting(config, "VARIANT") == "tma":
-        consts["WARP_SPECIALIZE"] = False
     return consts
 
 
