@@ -13,6 +13,10 @@ for the compiler). Over one Pipe:
   ("ceilings",), ("info",), ("compile", kernel, problem, config, target), ("stop",);
 - child -> parent while working: ("start", i) each time config i of the request starts a
   step (verification, a timed block), then ("done", payload);
+- before ("done", payload), where the role counts them: ("note", counts), what the request
+  cost beyond its payload: "compiles", the Triton compiles (on-disk cache misses) it made, None
+  where this Triton cannot tell; "wakes", the GPU timer's warm-ups after an idle spell. The GPU
+  child should compile nothing (the compile pool fills the cache ahead): the counts show it;
 - a sticky CUDA error: ("sticky", i, message), then the child exits (a poisoned CUDA context
   never recovers);
 - any other exception: ("error", exception or None, text), and the child stays up;
@@ -26,6 +30,8 @@ process of a failing GPU would; the worker sets it for the ids listed in TILEPIL
 
 Everything sent pickles: Results, Checks, Timings, DeviceCeilings and CompileOutcomes are frozen
 dataclasses.
+The compile role runs at a lower CPU priority (COMPILE_NICE): on a node whose every CPU compiles,
+the GPU children and the campaign driver still get a CPU when they need one.
 The child exits by itself when its parent is gone. This module imports neither torch nor
 triton at module level: it is the first module the spawned process loads.
 """
@@ -65,6 +71,7 @@ FAULTS = ("die",)
 PARENT_GONE_EXIT_CODE = 4
 PARENT_POLL_S = 1.0
 KILL_WAIT_S = 30.0
+COMPILE_NICE = 5  # added to the compile role's niceness
 
 _spawn_lock = threading.Lock()
 
@@ -138,6 +145,7 @@ class Child:
         self.options = dict(options or {})
         self.fault = fault
         self.running: int | None = None  # index of the config of the current request running now
+        self.note: dict[str, Any] = {}  # the ("note", counts) of the last request, {} without one
         self._proc: Any = None
         self._conn: Connection | None = None
 
@@ -204,6 +212,7 @@ class Child:
         """
         assert self._conn is not None, "start() the child first"
         self.running = None
+        self.note = {}
         progress = time.monotonic()  # when the current step began
         total_deadline = progress + total_s
         try:
@@ -228,6 +237,8 @@ class Child:
                 progress = time.monotonic()
                 if on_start is not None:
                     on_start(self.running)
+            elif kind == "note":
+                self.note = dict(reply[1])
             elif kind == "done":
                 return Done(reply[1])
             elif kind == "sticky":
@@ -291,6 +302,8 @@ def _set_env(key: str, value: str | None) -> None:
 def main(conn: Connection, role: str, options: Mapping[str, Any], fault: str | None = None) -> None:
     """Entry point of the spawned process."""
     _exit_with_parent(os.getppid())
+    if role == "compile":
+        os.nice(COMPILE_NICE)
     try:
         server = _EvalServer(role, **options) if role in ("gpu", "interpret") else _CompileServer()
         info = server.info()
@@ -325,9 +338,41 @@ def _serve(conn: Connection, server: _EvalServer | _CompileServer, fault: str | 
             conn.send(("error", *_portable(e)))
             continue
         try:
+            conn.send(("note", server.counts()))
             conn.send(("done", payload))
         except Exception as e:  # a payload that does not pickle is a bug, not a crash of the config
             conn.send(("error", *_portable(e)))
+
+
+class _CompileCounter:
+    """Counts the Triton compiles (on-disk cache misses) of this process through Triton's
+    compilation listener (`triton.knobs.compilation.listener`, Triton 3.4 on); `take()` is None
+    where this Triton has no listener; always 0 under the interpreter, which compiles nothing."""
+
+    def __init__(self, role: str) -> None:
+        self.misses: int | None = 0 if role == "interpret" else None
+        if role == "interpret":
+            return
+        try:
+            from triton import knobs
+
+            compilation = knobs.compilation
+            compilation.listener  # noqa: B018 - an AttributeError says this Triton has none
+        except (ImportError, AttributeError):
+            return
+        self.misses = 0
+        compilation.listener = self._listen
+
+    def _listen(self, *, cache_hit: bool, **_: Any) -> None:
+        if not cache_hit and self.misses is not None:
+            self.misses += 1
+
+    def take(self) -> int | None:
+        """The compiles since the last call."""
+        n = self.misses
+        if n is not None:
+            self.misses = 0
+        return n
 
 
 class _EvalServer:
@@ -335,6 +380,15 @@ class _EvalServer:
         from tilepilot.kernels.evaluate import Evaluator
 
         self.evaluator = Evaluator(backend, **options)
+        self.compiles = _CompileCounter(backend)
+        self._wakes = 0
+
+    def counts(self) -> dict[str, int | None]:
+        """What the last request cost beyond its payload (see the module docstring)."""
+        timer = getattr(self.evaluator, "_timer", None)  # the GPU timer, once made
+        wakes = timer.wakes if timer is not None else 0
+        new, self._wakes = wakes - self._wakes, wakes
+        return {"compiles": self.compiles.take(), "wakes": new}
 
     def info(self) -> dict[str, Any]:
         ev = self.evaluator
@@ -377,9 +431,13 @@ class _CompileServer:
         from tilepilot.kernels import evaluate
 
         self.compile_config = evaluate.compile_config
+        self.compiles = _CompileCounter("compile")
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid()}
+
+    def counts(self) -> dict[str, int | None]:
+        return {"compiles": self.compiles.take()}
 
     def handle(self, op: str, args: tuple[Any, ...], on_start: Callable[[int], None]) -> Any:
         if op == "compile":

@@ -53,6 +53,7 @@ class CompilerInfo:
     node: str  # Ray node id
     child_pid: int | None
     respawns: int  # children replaced after a hang or a death
+    compiles: int | None = None  # Triton compiles its children made (cache misses; None: cannot tell)
 
 
 @ray.remote(num_cpus=1, runtime_env={"env_vars": COMPILE_ENV})
@@ -64,11 +65,12 @@ class CompileWorker:
         self._timeout_s = timeout_s
         self._startup_timeout_s = startup_timeout_s
         self._respawns = 0
+        self._compiles: int | None = 0
         self._child = Child("compile")
         self._child.start(startup_timeout_s)
 
     def info(self) -> CompilerInfo:
-        return CompilerInfo(ray.get_runtime_context().get_node_id(), self._child.pid, self._respawns)
+        return CompilerInfo(ray.get_runtime_context().get_node_id(), self._child.pid, self._respawns, self._compiles)
 
     def compile(self, kernel: str, problem: Problem, config: Config, target: Target) -> CompileOutcome:
         """Compile into this node's Triton cache. Hangs and deaths come back as compile_error."""
@@ -76,6 +78,8 @@ class CompileWorker:
         while True:
             reply = self._child.request(("compile", kernel, problem, config, target),
                                         step_s=self._timeout_s, total_s=self._timeout_s)
+            made = self._child.note.get("compiles", 0)
+            self._compiles = None if made is None or self._compiles is None else self._compiles + made
             if isinstance(reply, Done):
                 return reply.payload  # type: ignore[no-any-return]
             if isinstance(reply, Failed) and isinstance(reply.error, TilepilotError):
@@ -140,6 +144,12 @@ class CompilePool:
     @property
     def size(self) -> int:
         return len(self._load)
+
+    @property
+    def capacity(self) -> int:
+        """Compiles the pool runs at once: every compile goes to each node, so the node with the
+        fewest compile workers sets it (0 with none left)."""
+        return min((len(ws) for ws in self.workers.values()), default=0)
 
     def submit(self, kernel: str, problem: Problem, config: Config, target: Target) -> Any:
         """Compile on every node of the pool; an ObjectRef to the CompileOutcome, ready when all have.

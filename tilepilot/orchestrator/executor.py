@@ -49,6 +49,61 @@ class ExecutorEvent:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class BatchTrace:
+    """When one batch went through an executor (epoch seconds; for benchmarks): submitted, all
+    of its configs compiled, sent to a worker, started and ended in the worker's process (its
+    clock: the same machine's for a local worker), and returned to the driver. `compiles`: the
+    Triton compiles the worker's GPU process made for it (None: it cannot tell); `wakes`: the
+    GPU timer's warm-ups after an idle spell."""
+
+    batch: int
+    worker: str
+    configs: int  # sent to the worker (those that failed to compile were not)
+    submitted: float
+    compiled: float
+    dispatched: float
+    started: float
+    ended: float
+    returned: float
+    compiles: int | None = None
+    wakes: int = 0
+
+
+def idle_with_work(traces: Sequence[BatchTrace], start: float, end: float) -> dict[str, float]:
+    """Seconds each worker's process sat idle between `start` and `end` while some compiled batch
+    waited to start (on any worker): the time a GPU waited with work ready for it. A worker counts
+    from `start`, and up to `end` only once it started a batch (one that never did is not known
+    to be up)."""
+    waiting = _union([(t.compiled, t.started) for t in traces if t.started > t.compiled])
+    out: dict[str, float] = {}
+    for worker in sorted({t.worker for t in traces}):
+        runs = sorted((t.started, t.ended) for t in traces if t.worker == worker)
+        idle, free = [], start
+        for begun, ended in runs:
+            if begun > free:
+                idle.append((free, begun))
+            free = max(free, ended)
+        if end > free:
+            idle.append((free, end))
+        out[worker] = sum(_overlap(gap, waiting) for gap in idle)
+    return out
+
+
+def _union(spans: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _overlap(span: tuple[float, float], disjoint: Sequence[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(span[1], b) - max(span[0], a)) for a, b in disjoint)
+
+
 class NoWorkerLeft(TilepilotError):
     """Every worker of the executor is quarantined, or none has been reachable for too long."""
 

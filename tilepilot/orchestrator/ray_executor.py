@@ -4,6 +4,15 @@ For the gpu backend every config is compiled ahead in the CPU compile pool while
 are busy with earlier batches; a batch goes to a GPU worker once all of its configs have
 compiled (configs that fail to compile come back as results without touching a GPU).
 
+The pipeline, so that no GPU waits for a compile or for the driver: `free_slots` takes batches
+while the pool has fewer configs compiling than it runs at once (`CompilePool.capacity`) or
+fewer than READY_PER_GPU batches per GPU wait for a GPU, and never once READY_PER_GPU per GPU
+have compiled and wait; each worker holds PER_WORKER batches, the one it runs and the next, which
+waits in its actor and starts as soon as the last one ends, with no round trip to the driver in
+between (shared workers hold one each, so that campaigns keep taking turns batch by batch).
+`trace=True` keeps a BatchTrace of every batch (executor.py) and `waited_s`, the
+driver's time blocked in `poll`; benchmarks read them.
+
 Faults (a worker survives its own child's failures by itself: worker.py):
 
 - A worker lost (its actor killed, its process or its whole node gone): the batch it was running
@@ -59,7 +68,7 @@ from tilepilot.experiments import (
 )
 from tilepilot.kernels.base import KernelFamily
 from tilepilot.orchestrator.compile_pool import CompilePool
-from tilepilot.orchestrator.executor import Batch, Executor, ExecutorEvent, NoWorkerLeft, Verdict
+from tilepilot.orchestrator.executor import Batch, BatchTrace, Executor, ExecutorEvent, NoWorkerLeft, Verdict
 from tilepilot.orchestrator.ray_runtime import LOST, NAMESPACE, fetch, joined_cluster
 from tilepilot.orchestrator.worker import (
     GPU_WORKER_CPUS,
@@ -81,6 +90,8 @@ WAITING_NOTE_S = 10.0  # a worker not started after this long is logged as waiti
 SAMPLE_WAIT_S = 10.0
 RENAME_WAIT_S = 0.5  # shared: a lost actor's name may stay bound to it for a moment; ask again this much later
 REASON_CHARS = 300
+PER_WORKER = 2  # batches a worker holds: the one it runs, and the next waiting in its actor
+READY_PER_GPU = 2  # compiled batches waiting for a GPU, per GPU, beyond those the workers hold
 
 
 @dataclass
@@ -88,6 +99,9 @@ class _Pending:
     batch: Batch
     compiles: dict[Any, int] = field(default_factory=dict)  # compile ref -> config index
     failed: dict[int, Result] = field(default_factory=dict)  # index -> compile failure result
+    submitted: float = field(default_factory=time.time)  # epoch seconds, for BatchTrace
+    compiled: float = 0.0
+    dispatched: float = 0.0
 
 
 @dataclass
@@ -106,7 +120,8 @@ class _Slot:
     dead: list[Any] = field(default_factory=list)  # handles of its lost actors
     retry_at: float | None = None  # shared: when to ask for its name again (still bound to a dead actor)
     quarantined: str = ""
-    busy: bool = False
+    held: int = 0  # batches sent to the current actor and not yet returned (at most PER_WORKER)
+    last_ended: float = 0.0  # when the current actor ended this executor's last batch (its clock)
     noted_waiting: bool = False
 
     @property
@@ -122,7 +137,7 @@ class RayExecutor(Executor):
     def __init__(self, family: KernelFamily, backend: str, *, workers: int | None = None,
                  timeout_s: float | None = None, worker_env: Mapping[str, str] | None = None,
                  worker_resources: Mapping[str, float] | None = None, shared: bool | None = None,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, trace: bool = False) -> None:
         if backend not in CONFIG_TIMEOUT_S:
             raise InputError(f"backend {backend!r} does not run on Ray workers (allowed: gpu, interpret)")
         self.family = family
@@ -130,6 +145,7 @@ class RayExecutor(Executor):
         self.timeout_s = timeout_s or CONFIG_TIMEOUT_S[backend]
         self.kernel_version = family.kernel_version()
         self.shared = joined_cluster() if shared is None else shared
+        self.per_worker = 1 if self.shared else PER_WORKER
         self.startup_timeout_s = startup_timeout_s
         self._options = self._actor_options(worker_env, _resources(worker_resources))
         self._events: list[ExecutorEvent] = []
@@ -140,6 +156,8 @@ class RayExecutor(Executor):
         self.ready: list[_Pending] = []
         self.running_refs: dict[Any, tuple[_Slot, Any, _Pending]] = {}  # eval ref -> (slot, actor, pending)
         self.settled: list[tuple[Batch, list[Result]]] = []  # finished without a worker
+        self.traces: list[BatchTrace] | None = [] if trace else None
+        self.waited_s = 0.0  # time `poll` spent blocked waiting for Ray
         self.slots = [_Slot(w) for w in self._worker_ids(workers)]
         for slot in self.slots:
             self._launch(slot, "")
@@ -171,9 +189,13 @@ class RayExecutor(Executor):
 
     # ---- Executor ------------------------------------------------------------------------
     def free_slots(self) -> int:
-        # keep one compiled batch waiting per worker so no GPU waits for the compiler
+        """One more batch while the pipeline has room (see the module docstring)."""
         usable = sum(1 for s in self.slots if not s.quarantined)
-        return max(0, 2 * usable - self.in_flight())
+        if self.pool is None:
+            return max(0, (self.per_worker + READY_PER_GPU) * usable - self.in_flight())
+        compiling = len({r for p in self.compiling for r in p.compiles})
+        return pipeline_room(usable, ready=len(self.ready), waiting=len(self.ready) + len(self.compiling),
+                             compiling=compiling, capacity=self.pool.capacity)
 
     def in_flight(self) -> int:
         return len(self.compiling) + len(self.ready) + len(self.running_refs) + len(self.settled)
@@ -181,6 +203,7 @@ class RayExecutor(Executor):
     def submit(self, batch: Batch) -> None:
         pending = _Pending(batch)
         if self.pool is None or self.target is None:
+            pending.compiled = pending.submitted
             self.ready.append(pending)
         else:
             for i, config in enumerate(batch.configs):
@@ -196,7 +219,9 @@ class RayExecutor(Executor):
         refs = list(dict.fromkeys([r for p in self.compiling for r in p.compiles]
                                   + list(self.running_refs) + list(self._starts)))
         if refs:
+            t0 = time.perf_counter()
             ray.wait(refs, num_returns=1, timeout=timeout_s)  # the first to finish, then all that have
+            self.waited_s += time.perf_counter() - t0
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in done:
                 if ref in self.running_refs:
@@ -258,7 +283,7 @@ class RayExecutor(Executor):
             try:
                 sample = ray.get(ref)
             except LOST as e:
-                if not slot.busy:  # a busy one is handled when its batch comes back
+                if not slot.held:  # a busy one is handled when its batch comes back
                     self._lose(slot, actor, _line(e))
                 continue
             if sample is not None:
@@ -287,7 +312,8 @@ class RayExecutor(Executor):
             opts["name"] = f"tilepilot-{slot.worker_id}"
         slot.actor = EvalWorker.options(**opts).remote(self.backend, worker_id=slot.worker_id)
         slot.info = None
-        slot.busy = False
+        slot.held = 0
+        slot.last_ended = 0.0
         slot.why = why
         slot.retry_at = None
         slot.starting = slot.actor.info.remote()
@@ -373,7 +399,7 @@ class RayExecutor(Executor):
             return  # that actor was replaced already
         where = slot.where()
         slot.info = None
-        slot.busy = False
+        slot.held = 0
         slot.dead = [*slot.dead[-(QUARANTINE_AFTER - 1):], actor]
         if slot.starting is not None:
             self._starts.pop(slot.starting, None)
@@ -445,7 +471,7 @@ class RayExecutor(Executor):
         while True:
             ready = [s for s in self.slots if s.ready]
             if ready:
-                return next((s for s in ready if not s.busy), ready[0])
+                return min(ready, key=lambda s: s.held)
             self._check_usable()
             left = deadline - time.monotonic()
             if not self._starting() or left <= 0:
@@ -460,7 +486,7 @@ class RayExecutor(Executor):
     def _returned(self, ref: Any) -> list[tuple[Batch, list[Result]]]:
         slot, actor, pending = self.running_refs.pop(ref)
         if actor is slot.actor:
-            slot.busy = False
+            slot.held -= 1
         try:
             reply: BatchReply = fetch(ref)
         except WorkerQuarantined as e:
@@ -472,11 +498,18 @@ class RayExecutor(Executor):
             self._requeue(pending, slot, "its worker was lost")
             return []
         slot.strikes.clear()
-        if reply.waited_s >= WAITED_NOTE_S:
+        others = _waited_for_others(reply, slot.last_ended if actor is slot.actor else 0.0)
+        if actor is slot.actor:
+            slot.last_ended = max(slot.last_ended, reply.ended_at)
+        if others >= WAITED_NOTE_S:
             self._event("waited", f"{len(reply.results)} config(s) of {pending.batch.problem.label()} waited "
-                        f"{reply.waited_s:.1f} s for worker {slot.worker_id}, busy with another campaign's work",
-                        worker=slot.worker_id, waited_s=round(reply.waited_s, 3), batch=pending.batch.id)
+                        f"{others:.1f} s for worker {slot.worker_id}, busy with another campaign's work",
+                        worker=slot.worker_id, waited_s=round(others, 3), batch=pending.batch.id)
         results = [replace(r, extra={**r.extra, "worker": slot.worker_id}) for r in reply.results]
+        if self.traces is not None:
+            self.traces.append(BatchTrace(pending.batch.id, slot.worker_id, len(results), pending.submitted,
+                                          pending.compiled, pending.dispatched, reply.started_at, reply.ended_at,
+                                          time.time(), reply.compiles, reply.wakes))
         return [(pending.batch, self._merge(pending, results))]
 
     def _requeue(self, pending: _Pending, slot: _Slot, why: str) -> None:
@@ -507,6 +540,7 @@ class RayExecutor(Executor):
                     compile_ms=outcome.compile_ms,
                     extra={"shared_bytes": outcome.shared_bytes} if outcome.shared_bytes else {})
             if not pending.compiles:
+                pending.compiled = time.time()
                 self.compiling.remove(pending)
                 self.ready.append(pending)
 
@@ -527,14 +561,16 @@ class RayExecutor(Executor):
             self.ready.remove(pending)  # nothing compiled: no GPU needed
             self.settled.append((pending.batch, self._merge(pending, [])))
         while self.ready:
-            slot = next((s for s in self.slots if s.ready and not s.busy), None)
-            if slot is None:
+            free = [s for s in self.slots if s.ready and s.held < self.per_worker]
+            if not free:
                 return
+            slot = min(free, key=lambda s: s.held)  # an idle worker first
             pending = self.ready.pop(0)
             configs = [c for i, c in enumerate(pending.batch.configs) if i not in pending.failed]
             ref = slot.actor.run_batch.remote(self.family.name, pending.batch.problem, configs, self.timeout_s)
+            pending.dispatched = time.time()
             self.running_refs[ref] = (slot, slot.actor, pending)
-            slot.busy = True
+            slot.held += 1
 
     @staticmethod
     def _merge(pending: _Pending, results: list[Result]) -> list[Result]:
@@ -545,6 +581,26 @@ class RayExecutor(Executor):
 
 
 # ---- module helpers ------------------------------------------------------------------------------
+def pipeline_room(gpus: int, *, ready: int, waiting: int, compiling: int, capacity: int) -> int:
+    """Batches a compile-ahead executor takes now (0 or 1; the driver asks again after each):
+    with `gpus` usable GPUs, `ready` batches compiled and waiting for one, `waiting` batches
+    waiting for one or compiling, `compiling` configs compiling, in a pool that runs `capacity`
+    compiles at once. None once READY_PER_GPU per GPU have compiled and wait; else one while the
+    pool has room, or fewer than READY_PER_GPU per GPU wait (so small batches still queue ahead)."""
+    if gpus <= 0 or ready >= READY_PER_GPU * gpus:
+        return 0
+    return 1 if compiling < capacity or waiting < READY_PER_GPU * gpus else 0
+
+
+def _waited_for_others(reply: BatchReply, own_ended: float) -> float:
+    """Of the time a batch waited for its turn, the part spent behind other callers' requests: not
+    behind this executor's own batch before it (PER_WORKER), which the actor ended at `own_ended`
+    (the actor's clock, as the reply's)."""
+    asked = reply.started_at - reply.waited_s
+    own = max(0.0, min(own_ended, reply.started_at) - asked)
+    return max(0.0, reply.waited_s - own)
+
+
 def _resources(given: Mapping[str, float] | None) -> dict[str, float]:
     """Custom resources each worker holds: those given, else TILEPILOT_WORKER_RESOURCES, else none."""
     if given is not None:

@@ -33,9 +33,16 @@ elsewhere) and so does every later one. The actor stays alive, holding its GPU, 
 places nothing else on a failing device. A failing device thus costs three child starts, and a
 poison config never quarantines a healthy one.
 
+What the children cost beyond their results: each request's note (child.py) counts the Triton
+compiles a child made (cache misses; the compile pool should have made them all, so a GPU child
+compiles nothing) and the GPU timer's warm-ups after idling. `run_batch` returns the batch's
+counts and when its child request started and ended (epoch seconds); `info` the totals.
+
 The actor is threaded (`max_concurrency`), so that `info` and `sample` answer while a batch
-runs. Requests to the child take turns in the order they arrived (a ticket lock): callers that
-share the worker (several campaigns on one cluster, each reaching it by name) are served in
+runs. A caller may send the next batch before the last one returns: it waits for its turn in the
+actor, and the child starts it as soon as the last one ends, with no round trip in between.
+Requests to the child take turns in the order they arrived (a ticket lock): callers that share
+the worker (several campaigns on one cluster, each reaching it by name) are served in
 turn, and no two requests ever run on the device at once. `run_batch` reports how long a batch
 waited for its turn. Create the actor with an explicit `num_cpus` (a GPU actor otherwise holds
 a CPU for its whole life: LIBRARIES.md).
@@ -124,6 +131,8 @@ class WorkerInfo:
     node_id: str = ""  # the Ray node the actor runs on
     quarantined: str = ""  # why the worker takes no more work; "" while it does
     failures: tuple[str, ...] = ()  # its infrastructure failures in a row so far
+    compiles: int | None = None  # Triton compiles its children made (None: this Triton cannot tell)
+    wakes: int = 0  # GPU timer warm-ups after an idle spell
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,10 @@ class BatchReply:
     results: list[Result]
     waited_s: float
     worker_id: str
+    started_at: float = 0.0  # epoch seconds: the batch's turn began (its child request went out)
+    ended_at: float = 0.0  # epoch seconds: the child answered its last request
+    compiles: int | None = None  # Triton compiles the child made for it (None: this Triton cannot tell)
+    wakes: int = 0  # GPU timer warm-ups after an idle spell before it
 
 
 class _Turns:
@@ -179,6 +192,8 @@ class EvalWorker:
         self._recover_s: list[float] = []
         self._streak: list[str] = []  # infrastructure failures in a row
         self._quarantined = ""
+        self._compiles: int | None = 0  # totals of the children's notes; None once one could not tell
+        self._wakes = 0
         injected = {w.strip() for w in os.environ.get(FAULT_WORKERS_ENV, "").split(",")}
         self._fault = "die" if worker_id is not None and worker_id in injected else None
         self._worker_id = worker_id or ""
@@ -192,7 +207,7 @@ class EvalWorker:
     def info(self) -> WorkerInfo:
         return WorkerInfo(self._worker_id, self._node, self._backend, self._uuid, self._env, self._target,
                           self._child.pid, self._running, self._respawns, tuple(self._recover_s), self._node_id,
-                          self._quarantined, tuple(self._streak))
+                          self._quarantined, tuple(self._streak), self._compiles, self._wakes)
 
     def evaluate(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float) -> list[Result]:
         """One Result per config, in order; `timeout_s` per config (see the module docstring)."""
@@ -202,8 +217,12 @@ class EvalWorker:
     def run_batch(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float) -> BatchReply:
         """`evaluate`, with the seconds the batch waited for its turn (other callers' requests)."""
         with self._turn() as waited_s:
+            compiles, wakes = self._compiles, self._wakes
+            started = time.time()
             results = self._batch("evaluate", kernel, problem, list(configs), (), timeout_s)
-        return BatchReply(results, waited_s, self._worker_id)
+            ended = time.time()
+            made = None if compiles is None or self._compiles is None else self._compiles - compiles
+        return BatchReply(results, waited_s, self._worker_id, started, ended, made, self._wakes - wakes)
 
     def remeasure(self, kernel: str, problem: Problem, configs: Sequence[Config], rounds: int,
                   timeout_s: float) -> list[Result]:
@@ -336,6 +355,7 @@ class EvalWorker:
             reply = self._child.request(message, step_s=timeout_s, total_s=timeout_s * n, on_start=started)
         finally:
             self._running = ""
+        self._count(self._child.note)
         if isinstance(reply, Done):
             self._streak.clear()
         if isinstance(reply, Failed):
@@ -348,6 +368,15 @@ class EvalWorker:
         if not isinstance(reply, Done):
             self._replace(_what_happened(reply))
         return reply
+
+    def _count(self, note: dict[str, Any]) -> None:
+        """Add a child's note (child.py) to the totals; a request with no note (its child failed)
+        adds nothing."""
+        if not note:
+            return
+        compiles = note.get("compiles")
+        self._compiles = None if compiles is None or self._compiles is None else self._compiles + compiles
+        self._wakes += int(note.get("wakes") or 0)
 
     # ---- children -----------------------------------------------------------------------------
     def _spawn(self) -> tuple[Child, dict[str, Any]]:

@@ -1,0 +1,139 @@
+"""The compile-ahead pipeline of RayExecutor and what it reports: how many batches it takes, a
+worker holding the batch it runs and the next (which starts as soon as the first ends, with no
+round trip to the driver), the batch traces, the time a worker sat idle while compiled work
+waited, and the Triton compiles each process made (the compile pool's count one per new kernel
+and none on a cache hit; the interpreter's none). CPU only: the test session's Ray, 2 CPUs."""
+
+from __future__ import annotations
+
+import time
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from tests.worker_families import register_all
+from tilepilot.experiments import Config, Problem, Status
+from tilepilot.kernels.base import Target
+from tilepilot.kernels.registry import get_family
+from tilepilot.orchestrator.compile_pool import CompilePool
+from tilepilot.orchestrator.executor import Batch, BatchTrace, idle_with_work
+from tilepilot.orchestrator.ray_executor import PER_WORKER, READY_PER_GPU, RayExecutor, pipeline_room
+from tilepilot.orchestrator.worker import BatchReply
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEM = Problem.of({"M": 32, "N": 32, "K": 32, "dtype": "fp16"})
+TILES = ((16, 16, 16), (16, 16, 32), (32, 16, 16))
+
+
+def cfg(bm: int, bn: int, bk: int, fault: str | None = None) -> Config:
+    values: dict[str, Any] = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1,
+                              "num_warps": 4, "num_stages": 2}
+    return Config.of(values if fault is None else {**values, "FAULT": fault})
+
+
+def trace(batch: int, worker: str, compiled: float, started: float, ended: float) -> BatchTrace:
+    return BatchTrace(batch, worker, 1, submitted=0.0, compiled=compiled, dispatched=compiled, started=started,
+                      ended=ended, returned=ended)
+
+
+# ---- pure logic ---------------------------------------------------------------------------------
+def test_pipeline_takes_batches_while_the_pool_has_room_up_to_the_ready_cap() -> None:
+    assert pipeline_room(1, ready=0, waiting=0, compiling=0, capacity=15) == 1
+    # the pool is full, but fewer than READY_PER_GPU batches wait: one more (small batches queue ahead)
+    assert pipeline_room(1, ready=0, waiting=READY_PER_GPU - 1, compiling=15, capacity=15) == 1
+    # the pool is full and enough batches wait for the GPU: none
+    assert pipeline_room(1, ready=0, waiting=READY_PER_GPU, compiling=15, capacity=15) == 0
+    # the pool has room but enough compiled batches wait already: none (no unbounded pile)
+    assert pipeline_room(1, ready=READY_PER_GPU, waiting=READY_PER_GPU, compiling=0, capacity=15) == 0
+    assert pipeline_room(4, ready=READY_PER_GPU, waiting=8, compiling=10, capacity=60) == 1
+    assert pipeline_room(0, ready=0, waiting=0, compiling=0, capacity=15) == 0
+
+
+def test_idle_with_work_counts_only_idle_time_while_a_compiled_batch_waited() -> None:
+    traces = [trace(0, "w0", compiled=0.0, started=1.0, ended=2.0),  # w0 idle 0-1 with batch 0 waiting
+              trace(1, "w0", compiled=3.0, started=4.0, ended=5.0),  # idle 2-3 with nothing compiled, 3-4 waiting
+              trace(2, "w1", compiled=0.5, started=0.5, ended=5.0)]
+    idle = idle_with_work(traces, start=0.0, end=6.0)
+    assert idle["w0"] == pytest.approx(2.0)  # 0-1 and 3-4; not 2-3 (nothing compiled), not 5-6 (nothing left)
+    assert idle["w1"] == pytest.approx(0.5)  # 0-0.5 batch 0 waited; busy from then on
+    assert idle_with_work([], start=0.0, end=1.0) == {}
+
+
+def test_waited_note_leaves_out_the_wait_behind_our_own_earlier_batch() -> None:
+    from tilepilot.orchestrator.ray_executor import _waited_for_others
+
+    # sent at 10 behind our batch that ended at 12, started at 12: no one else's work
+    assert _waited_for_others(BatchReply([], 2.0, "w", started_at=12.0, ended_at=13.0), 12.0) == 0.0
+    # another campaign's batch ran 12-15 between ours
+    assert _waited_for_others(BatchReply([], 5.0, "w", started_at=15.0, ended_at=16.0), 12.0) == pytest.approx(3.0)
+    # nothing of ours before it: the whole wait was behind others
+    assert _waited_for_others(BatchReply([], 1.5, "w", started_at=11.5, ended_at=12.0), 0.0) == pytest.approx(1.5)
+
+
+# ---- through Ray --------------------------------------------------------------------------------
+@pytest.fixture
+def markers(tmp_path: Path) -> Path:
+    register_all()
+    path = tmp_path / "markers"
+    path.mkdir()
+    return path
+
+
+def test_a_worker_holds_the_next_batch_and_starts_it_as_the_last_one_ends(ray_session: None,
+                                                                          markers: Path) -> None:
+    env = {"TILEPILOT_KERNEL_MODULES": "tests.worker_families", "PYTHONPATH": str(REPO),
+           "TILEPILOT_TEST_MARKERS": str(markers), "TILEPILOT_TEST_SLOW_S": "0.3"}
+    ex = RayExecutor(get_family("test_slow"), "interpret", workers=1, worker_env=env, shared=False, trace=True)
+    try:
+        assert ex.free_slots() == PER_WORKER + READY_PER_GPU
+        for i, tiles in enumerate(TILES):
+            ex.submit(Batch(i, PROBLEM, (cfg(*tiles, "sleep"),), (100 + i,)))
+        assert [s.held for s in ex.slots] == [PER_WORKER]  # the third waits in the executor
+        assert len(ex.ready) == 1
+        out: dict[int, list[Any]] = {}
+        deadline = time.monotonic() + 120
+        while len(out) < len(TILES):
+            assert time.monotonic() < deadline
+            out.update({b.id: r for b, r in ex.poll(0.05)})
+            time.sleep(0.3)  # a slow driver: the worker's second batch must not wait for it
+        traces = sorted(ex.traces or [], key=lambda t: t.started)
+        info = ray.get(ex.slots[0].actor.info.remote())
+    finally:
+        ex.close()
+    assert {i: [r.status for r in rs] for i, rs in out.items()} == {i: [Status.OK] for i in range(len(TILES))}
+    assert [t.batch for t in traces] == [0, 1, 2]
+    for a, b in pairwise(traces):
+        assert b.started >= a.ended  # one batch at a time on the device
+    first, second = traces[0], traces[1]
+    assert second.dispatched < first.ended  # it was sent before the first ended ...
+    assert second.started - first.ended < 0.25  # ... and started without waiting for the driver's poll
+    assert all(t.submitted <= t.compiled <= t.dispatched <= t.returned for t in traces)
+    assert all(t.compiles == 0 for t in traces) and info.compiles == 0  # the interpreter compiles nothing
+    assert ex.waited_s > 0
+
+
+def test_compile_pool_counts_its_triton_compiles_and_none_on_a_cache_hit(ray_session: None,
+                                                                         tmp_path: Path) -> None:
+    register_all()
+    env = {"TRITON_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO),
+           "TILEPILOT_KERNEL_MODULES": "tests.worker_families"}
+    pool = CompilePool(env=env, per_node=1)
+    try:
+        assert pool.capacity == 1
+        problem = Problem.of({"M": 256, "N": 256, "K": 256, "dtype": "fp16"})
+        config = Config.of({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8,
+                            "num_warps": 4, "num_stages": 3})
+        first = ray.get(pool.submit("matmul", problem, config, Target()))
+        [worker] = [w for ws in pool.workers.values() for w in ws]
+        after_one = ray.get(worker.info.remote()).compiles
+        again = ray.get(pool.submit("matmul", Problem.of({"M": 512, "N": 256, "K": 1024, "dtype": "fp16"}),
+                                    config, Target()))  # the same specialisation: a cache hit
+        after_two = ray.get(worker.info.remote()).compiles
+    finally:
+        pool.close()
+    assert (first.status, again.status) == (Status.OK, Status.OK)
+    assert after_one is not None and after_one >= 1  # the kernel (Triton may compile helpers too)
+    assert after_two == after_one
