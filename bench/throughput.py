@@ -543,9 +543,11 @@ def _target() -> Any:
 # ---- part three: one GPU against all of them -------------------------------------------------------
 def scale_problems(n: int) -> list[dict[str, Any]]:
     """`n` fp16 matmul problems, every dimension a multiple of 16 (one specialisation, so a config
-    compiled once serves them all), cycling over M in 2048..5120 and N, K in 2048 and 4096."""
-    shapes = [(m, nn, k) for k in (4096, 2048) for nn in (4096, 2048) for m in (4096, 2048, 3072, 5120)]
-    return [{"M": m, "N": nn, "K": k, "dtype": "fp16"} for m, nn, k in (shapes * (n // len(shapes) + 1))[:n]]
+    compiled once serves them all): M in 2048..5120, then N in 4096 and 2048, then K in 2048..5120."""
+    shapes = [(m, nn, k) for k in (4096, 2048, 3072, 5120) for nn in (4096, 2048) for m in (4096, 2048, 3072, 5120)]
+    if not 1 <= n <= len(shapes):
+        raise SystemExit(f"--problems {n}: from 1 to {len(shapes)}")
+    return [{"M": m, "N": nn, "K": k, "dtype": "fp16"} for m, nn, k in shapes[:n]]
 
 
 def part_scale(args: argparse.Namespace) -> dict[str, Any]:
