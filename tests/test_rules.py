@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from tests.proposer_toys import ENV, drive
 from tilepilot.agents.base import ProposerContext, SearchState
 from tilepilot.agents.roofline import H100_SXM, problem_roofline
@@ -192,3 +194,30 @@ def test_every_fourth_pick_is_a_local_step_from_the_best_result_so_far() -> None
 def test_no_local_step_before_enough_results() -> None:
     picks = rules().propose(SearchState(), 8)
     assert not [c for c in picks if c.rationale.startswith("local step")]
+
+
+def test_the_pool_is_every_valid_launchable_config_in_the_models_order() -> None:
+    # The pool is built tile first (configs of a tile that cannot launch are never built): it must
+    # be exactly the valid configs whose tile launches, sorted by the model (ties: space order).
+    from tilepilot.kernels import get_family
+
+    space = get_family("matmul").space().narrowed({"BLOCK_SIZE_K": [32, 64], "GROUP_SIZE_M": [8],
+                                                   "SPLIT_K": [1, 4], "num_stages": [3, 4]})
+    problem = Problem.of({"M": 3000, "N": 5000, "K": 1000, "dtype": "fp16"})
+    p = RulesProposer(ProposerContext("matmul", problem, space, seed=0, budget=64))
+    valid = [c for c in space.valid(problem) if (e := p.estimate(c)) is None or e.launches]
+    order = {c: i for i, c in enumerate(valid)}
+    assert len(valid) < len(list(space))  # something was left out
+    assert p._configs() == sorted(valid, key=lambda c: (p._rank_key(c), order[c]))
+
+
+def test_the_local_step_mask_is_the_one_step_neighbourhood() -> None:
+    p = rules()
+    pool = p._pool_of()
+    alive = np.arange(len(pool.configs))
+    best = timed(SQUARE, cfg(128, 128, 64, 4, 4), 1.0)
+    p._picks = p.settings.neighbour_every  # this pick is a local step
+    mask = p._local_step(pool, alive, best, measured=p.settings.neighbour_after)
+    assert mask is not None
+    expected = [p._neighbours(best.config, c) for c in pool.configs]
+    assert mask.tolist() == expected and sum(expected) >= 4

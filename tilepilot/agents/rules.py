@@ -26,8 +26,10 @@ model (a flat prior) and the GP alone.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -35,15 +37,25 @@ import numpy as np
 
 from tilepilot.agents.base import Proposer, ProposerContext, SearchState
 from tilepilot.agents.residual_gp import GpSettings, ResidualGp
-from tilepilot.agents.roofline import H100_SXM, Device, problem_roofline
+from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline
 from tilepilot.agents.rules_text import describe
-from tilepilot.agents.tile_model import Constants, Estimate, configured_constants, estimate, has_model
+from tilepilot.agents.tile_model import (
+    TILE_NAMES,
+    Constants,
+    Estimate,
+    Tile,
+    configured_constants,
+    estimate_tile,
+    tile_from,
+    tile_of,
+)
 from tilepilot.experiments import Candidate, Config, Result, Status
 
 log = logging.getLogger(__name__)
 
 OUT_OF_RESOURCES_PENALTY = math.log(1e6)  # ranks a config last
 FAILED_SHAPE_PENALTY = math.log(4.0)  # added to the log-prediction of a config near a failure
+PREDICT_ROWS = 16384  # the GP predicts the pool in chunks of this many configs (bounded memory)
 
 
 @dataclass(frozen=True)
@@ -73,8 +85,13 @@ class RulesProposer(Proposer):
         self._device_note = ("" if not ctx.device or "H100" in ctx.device
                              else f"; ceilings of {device.name} assumed, results from {ctx.device}")
         self._results: dict[Config, Result] = {}
-        self._pool: list[Config] | None = None  # valid configs the model lets launch, in prior order
-        self._est: dict[Config, Estimate | None] = {}
+        self._pool: _Pool | None = None  # valid configs the model lets launch, in prior order
+        self._est: dict[Tile, Estimate] = {}  # the tile model's estimate of each tile seen
+        self._modelled = gemm_dims(ctx.problem) is not None
+        # each parameter's choices -> position (a value matches a choice of its own type only)
+        self._positions = [(p.name, {(type(c), c): i for i, c in enumerate(p.choices)}) for p in ctx.space.params]
+        self._scales = tuple(self.settings.lengthscales.get(p.name, self.settings.default_lengthscale)
+                             for p in ctx.space.params)
         self._smem_cap: int | None = None  # least shared memory seen to fail with out_of_resources
         self._picks = 0  # proposals made, for the local-step rhythm
         self._bad_shapes: set[tuple[int, int, int, int]] = set()
@@ -82,9 +99,9 @@ class RulesProposer(Proposer):
     # ---- the contract --------------------------------------------------------------
     def propose(self, state: SearchState, n: int) -> list[Candidate]:
         self._absorb(state)
-        seen = state.seen
-        pool = [c for c in self._configs() if c not in seen]
-        if n <= 0 or not pool:
+        pool = self._pool_of()
+        alive = self._unseen(pool, state.seen)  # rows of the pool not yet measured, in prior order
+        if n <= 0 or not len(alive):
             return []
         gp = ResidualGp(self._gp_settings())
         xs, ys = self._training()
@@ -93,19 +110,21 @@ class RulesProposer(Proposer):
         self._believe_pending(gp, xs, ys, state.pending)
         best = state.best()
         out: list[Candidate] = []
-        for _ in range(min(n, len(pool))):
+        for _ in range(min(n, len(alive))):
             self._picks += 1
-            local = self._local_step(pool, best, measured)
-            i, mean, std = self._pick(gp, pool, local)
-            config = pool.pop(i)
+            local = self._local_step(pool, alive, best, measured)
+            i, mean, std = self._pick(gp, pool, alive, local)
+            row = int(alive[i])
+            alive = np.delete(alive, i)
+            config = pool.configs[row]
             predicted = math.exp(self._log_model(config) + mean)
             known = self.estimate(config) is not None or measured > 0
             why = self._why(config, predicted, std, best, measured)
-            if local and best is not None:
+            if local is not None and best is not None:
                 why = f"local step from the best so far ({best.config.label()}); {why}"
             out.append(Candidate(self.ctx.problem, config, self.name, why,
                                  predicted_ms=predicted if known else None))
-            xs.append(self._position(config))
+            xs.append(tuple(float(v) for v in pool.coords[row]))
             ys.append(mean)  # believe the mean: the next pick looks elsewhere
             gp.fit(xs, ys)
         return out
@@ -147,10 +166,16 @@ class RulesProposer(Proposer):
     # ---- the model -----------------------------------------------------------------
     def estimate(self, config: Config) -> Estimate | None:
         """The tile model's estimate of a config, None in a space without a tile model."""
-        if config not in self._est:
-            self._est[config] = (estimate(self.ctx.problem, config, self.device, self.constants)
-                                 if has_model(self.ctx.problem, config) else None)
-        return self._est[config]
+        return self._estimate_tile(tile_of(config))
+
+    def _estimate_tile(self, tile: Tile | None) -> Estimate | None:
+        """The estimate depends on the problem and the tile alone: one per distinct tile."""
+        if tile is None or not self._modelled:
+            return None
+        est = self._est.get(tile)
+        if est is None:
+            est = self._est[tile] = estimate_tile(self.ctx.problem, tile, self.device, self.constants)
+        return est
 
     def prior_ms(self, config: Config) -> float:
         """The model's time before any measurement (1.0 in a space without a tile model)."""
@@ -164,18 +189,57 @@ class RulesProposer(Proposer):
         """The log-prediction plus what the failures seen so far say about the config."""
         return self._log_model(config) + self._penalty(config)
 
+    def _pool_of(self) -> _Pool:
+        """Valid configs the resource model lets launch, in the model's order (ties: space order).
+
+        The space is walked tile first: the configs of a tile the resource model says cannot
+        launch are skipped unbuilt, and only the others are checked against the space's constraints."""
+        if self._pool is None:
+            space, problem = self.ctx.space, self.ctx.problem
+            params = space.params
+            tiled = [i for i, p in enumerate(params) if p.name in TILE_NAMES]
+            rest = [i for i in range(len(params)) if i not in tiled]
+            in_order = operator.itemgetter(*np.argsort(tiled + rest).tolist())  # tile + rest -> param order
+            names = [p.name for p in params]
+            radix = [math.prod(len(p.choices) for p in params[i + 1:]) for i in range(len(params))]
+            rests = [(steps, tuple(params[i].choices[s] for i, s in zip(rest, steps, strict=True)),
+                      sum(radix[i] * s for i, s in zip(rest, steps, strict=True)))
+                     for steps in itertools.product(*(range(len(params[i].choices)) for i in rest))]
+            found: list[tuple[float, int, Config, tuple[int, ...]]] = []
+            skipped = 0
+            for tile_steps in itertools.product(*(range(len(params[i].choices)) for i in tiled)):
+                tile_values = tuple(params[i].choices[s] for i, s in zip(tiled, tile_steps, strict=True))
+                est = self._estimate_tile(tile_from(dict(zip((names[i] for i in tiled), tile_values, strict=True))))
+                if est is not None and not est.launches:
+                    skipped += 1
+                    continue
+                key = (0.0 if est is None else math.log(est.predicted_ms)) + self._penalty_of(est)
+                base = sum(radix[i] * s for i, s in zip(tiled, tile_steps, strict=True))
+                for rest_steps, rest_values, offset in rests:
+                    config = Config.of(dict(zip(names, _tuple(in_order(tile_values + rest_values)), strict=True)))
+                    if space.check(config, problem) is None:
+                        found.append((key, base + offset, config, _tuple(in_order(tile_steps + rest_steps))))
+            if skipped:
+                log.debug("rules: %d tiles of %s cannot launch by the resource model", skipped, problem.label())
+            found.sort(key=lambda f: (f[0], f[1]))
+            self._pool = _Pool.of([f[2] for f in found], np.array([f[0] for f in found], dtype=float),
+                                  np.array([f[3] for f in found], dtype=np.int64).reshape(len(found), len(params)),
+                                  self._scales)
+        return self._pool
+
     def _configs(self) -> list[Config]:
         """Valid configs the resource model lets launch, in the model's order (ties: space order)."""
-        if self._pool is None:
-            valid = self.ctx.space.valid(self.ctx.problem)
-            runnable = [c for c in valid if (e := self.estimate(c)) is None or e.launches]
-            dropped = len(valid) - len(runnable)
-            if dropped:
-                log.debug("rules: %d configs of %s cannot launch by the resource model", dropped,
-                          self.ctx.problem.label())
-            order = {c: i for i, c in enumerate(runnable)}
-            self._pool = sorted(runnable, key=lambda c: (self._rank_key(c), order[c]))
-        return list(self._pool)
+        return list(self._pool_of().configs)
+
+    def _unseen(self, pool: _Pool, seen: set[Config]) -> np.ndarray:
+        """Rows of the pool not in `seen`, in pool order."""
+        mask = np.ones(len(pool.configs), dtype=bool)
+        for c in seen:
+            steps = self._steps(c)
+            row = None if steps is None else pool.rows.get(steps)
+            if row is not None and pool.configs[row] == c:
+                mask[row] = False
+        return np.flatnonzero(mask)
 
     def _training(self) -> tuple[list[tuple[float, ...]], list[float]]:
         xs: list[tuple[float, ...]] = []
@@ -197,13 +261,19 @@ class RulesProposer(Proposer):
             ys.extend(float(m) for m in means)
             gp.fit(xs, ys)
 
-    def _local_step(self, pool: list[Config], best: Result | None, measured: int) -> set[int] | None:
-        """Indices in `pool` of the incumbent's untried neighbours, when this pick is a local step."""
+    def _local_step(self, pool: _Pool, alive: np.ndarray, best: Result | None,
+                    measured: int) -> np.ndarray | None:
+        """Which of the `alive` rows are the incumbent's untried neighbours (a mask over `alive`),
+        when this pick is a local step."""
         every = self.settings.neighbour_every
         if not every or self._picks % every or best is None or measured < self.settings.neighbour_after:
             return None
-        near = {i for i, c in enumerate(pool) if self._neighbours(best.config, c)}
-        return near or None
+        at = self._steps(best.config)
+        if at is None:
+            return None
+        moved = np.abs(pool.steps[alive] - np.asarray(at, dtype=np.int64))
+        near = (np.count_nonzero(moved, axis=1) == 1) & (moved.sum(axis=1) == 1)
+        return near if near.any() else None
 
     def _neighbours(self, a: Config, b: Config) -> bool:
         """True when b differs from a in one parameter, by one step of its choices."""
@@ -215,21 +285,25 @@ class RulesProposer(Proposer):
 
     def _steps(self, config: Config) -> tuple[int, ...] | None:
         """Each parameter's position among its choices; None outside the space."""
+        return self._steps_of(config.as_dict())
+
+    def _steps_of(self, values: dict[str, object]) -> tuple[int, ...] | None:
         out = []
-        for p in self.ctx.space.params:
-            v = config.get(p.name)
-            pos = next((i for i, c in enumerate(p.choices) if type(c) is type(v) and c == v), None)
+        for name, positions in self._positions:
+            v = values.get(name)
+            pos = positions.get((type(v), v))
             if pos is None:
                 return None
             out.append(pos)
         return tuple(out)
 
-    def _pick(self, gp: ResidualGp, pool: list[Config], among: set[int] | None = None) -> tuple[int, float, float]:
-        means, stds = gp.predict([self._position(c) for c in pool])
-        priors = np.array([self._rank_key(c) for c in pool])
-        score = priors + means - self.settings.kappa * stds
+    def _pick(self, gp: ResidualGp, pool: _Pool, alive: np.ndarray,
+              among: np.ndarray | None = None) -> tuple[int, float, float]:
+        """The index in `alive` of the next pick (least lower confidence bound), its GP mean and std."""
+        means, stds = _predict(gp, pool.coords[alive])
+        score = pool.prior[alive] + means - self.settings.kappa * stds
         if among is not None:
-            score = np.where([i in among for i in range(len(pool))], score, np.inf)
+            score = np.where(among, score, np.inf)
         i = int(np.argmin(score))  # first minimum: ties keep the prior order
         return i, float(means[i]), float(stds[i])
 
@@ -238,9 +312,7 @@ class RulesProposer(Proposer):
         steps = self._steps(config)
         if steps is None:
             return None
-        scales = self.settings.lengthscales
-        return tuple(pos / scales.get(p.name, self.settings.default_lengthscale)
-                     for pos, p in zip(steps, self.ctx.space.params, strict=True))
+        return tuple(pos / scale for pos, scale in zip(steps, self._scales, strict=True))
 
     def _position(self, config: Config) -> tuple[float, ...]:
         x = self._coords(config)
@@ -268,7 +340,9 @@ class RulesProposer(Proposer):
         self._pool = None  # re-rank
 
     def _penalty(self, config: Config) -> float:
-        est = self.estimate(config)
+        return self._penalty_of(self.estimate(config))
+
+    def _penalty_of(self, est: Estimate | None) -> float:
         if est is None:
             return 0.0
         if self._smem_cap is not None and est.shared_bytes >= self._smem_cap:
@@ -300,3 +374,33 @@ class RulesProposer(Proposer):
         fresh = [r for c, r in state.results.items() if self._results.get(c) != r]
         if fresh:
             self.observe(fresh)
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """The configs the rules may propose, in prior order, with arrays over them for the picks."""
+
+    configs: list[Config]
+    prior: np.ndarray  # the rank key (log-prediction + failure penalty) of each config
+    steps: np.ndarray  # [config, param]: position among the parameter's choices
+    coords: np.ndarray  # steps over the length scales: the GP's coordinates
+    rows: dict[tuple[int, ...], int]  # steps -> row
+
+    @classmethod
+    def of(cls, configs: list[Config], prior: np.ndarray, steps: np.ndarray, scales: tuple[float, ...]) -> _Pool:
+        coords = steps / np.asarray(scales, dtype=float) if len(configs) else np.zeros((0, len(scales)))
+        rows = {tuple(int(v) for v in s): i for i, s in enumerate(steps)}
+        return cls(configs, prior, steps, coords, rows)
+
+
+def _predict(gp: ResidualGp, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The GP's mean and std at every row of x, in chunks of PREDICT_ROWS rows."""
+    if len(x) <= PREDICT_ROWS:
+        return gp.predict(x)
+    parts = [gp.predict(x[i:i + PREDICT_ROWS]) for i in range(0, len(x), PREDICT_ROWS)]
+    return np.concatenate([m for m, _ in parts]), np.concatenate([s for _, s in parts])
+
+
+def _tuple(x: object) -> tuple:  # type: ignore[type-arg]
+    """itemgetter's answer as a tuple (it returns the bare item when given one index)."""
+    return x if isinstance(x, tuple) else (x,)

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ ALIASES = {
     "warps": ("num_warps",),
     "stages": ("num_stages",),
 }
+TILE_NAMES = frozenset(name for names in ALIASES.values() for name in names)
 
 
 @dataclass(frozen=True)
@@ -141,16 +143,21 @@ class Estimate:
 
 def tile_of(config: Config) -> Tile | None:
     """The tile parameters of a config, or None when the space has no tile model."""
-    values: dict[str, int] = {}
+    return tile_from(config.as_dict())
+
+
+def tile_from(values: Mapping[str, object]) -> Tile | None:
+    """The tile parameters among a config's values (parameter -> value), or None."""
+    found: dict[str, int] = {}
     for field, names in ALIASES.items():
         for name in names:
-            v = config.get(name)
+            v = values.get(name)
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-                values[field] = v
+                found[field] = v
                 break
         else:
             return None
-    return Tile(**values)
+    return Tile(**found)
 
 
 def has_model(problem: Problem, config: Config) -> bool:
@@ -160,11 +167,19 @@ def has_model(problem: Problem, config: Config) -> bool:
 def estimate(problem: Problem, config: Config, device: Device = H100_SXM,
              k: Constants = DEFAULT_CONSTANTS) -> Estimate:
     """The model's view of one config. Raises ValueError when the problem or config has no model."""
-    dims, tile = gemm_dims(problem), tile_of(config)
-    if dims is None or tile is None:
+    tile = tile_of(config)
+    if tile is None:
         raise ValueError(f"no tile model for {problem.label()} / {config.label()}")
+    return estimate_tile(problem, tile, device, k)
+
+
+def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Constants = DEFAULT_CONSTANTS) -> Estimate:
+    """The model's view of one tile (what `estimate` reads from a config). Raises ValueError when
+    the problem has no model."""
+    dims = gemm_dims(problem)
+    if dims is None:
+        raise ValueError(f"no tile model for {problem.label()}")
     m, n, kk, size = dims
-    t = tile
     shared = t.stages * (t.bm + t.bn) * t.bk * size
     threads = 32 * t.warps
     acc = t.bm * t.bn / threads
