@@ -6,6 +6,9 @@ is a measurement.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from tests.proposer_toys import PROBLEM, TINY_SPACE, TOY_SPACE, context, drive, evaluate, ok_result
@@ -127,3 +130,53 @@ def test_results_of_other_problems_are_refused() -> None:
     other = PROBLEM.of({**PROBLEM.as_dict(), "M": 64})
     with pytest.raises(ValueError, match="given to the proposer of"):
         p.observe([ok_result(TOY_SPACE.valid(PROBLEM)[0], problem=other)])
+
+
+# ---- members chosen by the campaign file ---------------------------------------------------------
+H200 = "data/replay/matmul-h200.jsonl.gz"  # recorded measurements (a real H200 grid)
+
+
+def _campaign(tmp_path: Path, extra: str, proposer: str = "portfolio") -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[campaign]\nname = "m"\nkernel = "matmul"\nproposer = "{proposer}"\nbudget = 12\n{extra}\n'
+                    '[[problems]]\nM = 96\nN = 12288\nK = 4096\ndtype = "bf16"\n')
+    return path
+
+
+def test_a_campaign_file_chooses_the_portfolio_members(tmp_path: Path) -> None:
+    from tilepilot.orchestrator.tune import TuneOptions, tune
+    from tilepilot.storage.queries import history, open_db
+
+    campaign = _campaign(tmp_path, 'members = ["rules", "random"]')
+    tune(TuneOptions(campaign=campaign, backend="replay", dataset=Path(H200), db=tmp_path / "t.db"))
+    with open_db(tmp_path / "t.db") as db:
+        rows = history(db, campaign="m")
+    owners = {member_of(r.rationale) for r in rows if r.proposer == "portfolio"}
+    assert owners == {"rules", "random"}, owners  # optuna, a default member, is not among them
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ('members = ["rules", "tpe"]', "unknown portfolio member 'tpe' in campaign.members (allowed: "),
+    ('members = ["rules", "portfolio"]', "unknown portfolio member 'portfolio'"),
+    ('members = ["rules", "rules"]', "portfolio member 'rules' is named twice"),
+    ("members = []", "campaign.members=[] is not a non-empty list of proposer names"),
+    ('members = "rules"', "is not a non-empty list of proposer names"),
+])
+def test_a_bad_member_list_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  line: str, message: str) -> None:
+    from tilepilot.cli import main
+
+    code = main(["tune", str(_campaign(tmp_path, line)), "--backend", "replay", "--dataset", H200,
+                 "--db", str(tmp_path / "t.db")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and "\n" not in err, err
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_members_need_the_portfolio_proposer(tmp_path: Path) -> None:
+    from tilepilot.experiments import CampaignError
+    from tilepilot.experiments.campaign import load_campaign
+
+    with pytest.raises(CampaignError, match=re.escape("campaign.members is for proposer = \"portfolio\", not 'rules'")):
+        load_campaign(_campaign(tmp_path, 'members = ["rules"]', proposer="rules"), kernels={"matmul": dict},
+                      proposers=["portfolio", "rules"])

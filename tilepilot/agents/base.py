@@ -56,6 +56,7 @@ class ProposerContext:
     budget: int  # distinct configs that will be measured for this problem
     device: str = ""  # the device the results come from ("" where unknown)
     ledger: LedgerReader | None = None  # hypotheses and learnings so far (None: none to consult)
+    members: tuple[str, ...] = ()  # a portfolio's member proposers, from the campaign (empty: its defaults)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """`portfolio`: each round's slots split among member proposers by the improvement each delivered.
 
-Members (default: rules, optuna, random, and llm when it can run here, i.e. with an API key;
+Members (a campaign's `members = [...]` in its [campaign] table, else the defaults: rules,
+optuna, random, and llm when it can run here, i.e. with an API key;
 without one the portfolio runs without it and says so once in the event log) are full proposers
 of the same problem. The llm member calls the model in the background, so a round never waits
 for it: until its reply is in, it has nothing to offer and the other members take its slots. So does
@@ -74,7 +75,8 @@ class PortfolioProposer(Proposer):
         self.settings = settings or PortfolioSettings()
         self._builders = dict(self.settings.builders)
         self._notes: list[str] = []
-        names = self.settings.members if self.settings.members is not None else self._default_members()
+        names = (self.settings.members if self.settings.members is not None
+                 else ctx.members or self._default_members())
         if not names or len(set(names)) != len(names) or self.name in names:
             raise InputError(f"portfolio members {names!r} must be distinct proposers other than 'portfolio'")
         self.members = [Member(n, self._build(n, ctx), self.settings.priors.get(n, DEFAULT_PRIOR)) for n in names]

@@ -22,6 +22,7 @@ CAMPAIGN_KEYS = {
     "name": "a name of letters, digits, '.', '_' and '-'",
     "kernel": "a registered kernel family",
     "proposer": "a proposer name",
+    "members": 'with proposer = "portfolio": the proposers it splits each round among (distinct names)',
     "budget": "distinct configs to measure per problem (1 to 100000)",
     "seed": "an integer from 0 to 4294967295",
     "description": "free text",
@@ -47,6 +48,7 @@ class Campaign:
     # [[configs]]: configs to measure first (e.g. the one in production today), as given
     configs: tuple[tuple[tuple[str, Any], ...], ...] = ()
     hypothesis_share: float = 0.1  # of each problem's budget, for hypothesis experiments
+    members: tuple[str, ...] = ()  # the portfolio's members (empty: its defaults)
 
     def with_problems(self, problems: Sequence[Problem]) -> Campaign:
         return replace(self, problems=tuple(problems))
@@ -111,6 +113,7 @@ def parse_campaign(
     if not isinstance(proposer, str) or proposer not in proposers:
         raise CampaignError(
             f"{origin}: unknown proposer {proposer!r} (known proposers: {', '.join(proposers)})")
+    members = _members(head, proposer, proposers, origin)
     budget = _required(head, "budget", int, origin)
     if not 1 <= budget <= 100_000:
         raise CampaignError(f"{origin}: campaign.budget={budget} is not {CAMPAIGN_KEYS['budget']}")
@@ -142,7 +145,27 @@ def parse_campaign(
     space = _space(data.get("space", {}), origin)
     configs = _configs(data.get("configs", []), origin)
     return Campaign(name, kernel, proposer, budget, seed, tuple(problems), description, text, space, configs,
-                    float(share))
+                    float(share), members)
+
+
+def _members(head: Mapping[str, Any], proposer: str, proposers: Sequence[str], origin: str) -> tuple[str, ...]:
+    """campaign.members: the portfolio's member proposers, each a known proposer named once."""
+    if "members" not in head:
+        return ()
+    raw = head["members"]
+    if proposer != "portfolio":
+        raise CampaignError(f"{origin}: campaign.members is for proposer = \"portfolio\", not {proposer!r}")
+    if not isinstance(raw, list) or not raw or not all(isinstance(m, str) for m in raw):
+        raise CampaignError(f"{origin}: campaign.members={raw!r} is not a non-empty list of proposer names")
+    allowed = [p for p in proposers if p != "portfolio"]
+    for m in raw:
+        if m not in allowed:
+            raise CampaignError(f"{origin}: unknown portfolio member {m!r} in campaign.members "
+                                f"(allowed: {', '.join(allowed)})")
+    if len(set(raw)) != len(raw):
+        twice = next(m for m in raw if raw.count(m) > 1)
+        raise CampaignError(f"{origin}: portfolio member {twice!r} is named twice in campaign.members")
+    return tuple(raw)
 
 
 def _space(raw: Any, origin: str) -> tuple[tuple[str, tuple[Any, ...]], ...]:

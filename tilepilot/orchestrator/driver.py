@@ -113,7 +113,7 @@ class Driver:
         for problem in campaign.problems:
             ctx = ProposerContext(kernel=campaign.kernel, problem=problem, space=spaces[problem],
                                   seed=campaign.seed, budget=campaign.budget,
-                                  device=executor.environment.device, ledger=ledger)
+                                  device=executor.environment.device, ledger=ledger, members=campaign.members)
             self.runs[problem] = ProblemRun(problem, spaces[problem], proposer_cls(ctx))
         self.candidates: dict[int, Candidate] = {}  # queue id -> candidate, for queued/running rows
         self._next_batch = 0

@@ -84,6 +84,8 @@ def plan(opts: TuneOptions) -> Plan:
                              f"{', '.join(proposer_names())})")
         campaign = replace(campaign, proposer=opts.proposer)
     get_proposer(campaign.proposer)  # one that cannot run here (llm without a key) fails now, before any work
+    for member in campaign.members:
+        get_proposer(member)
     configured_constants()  # a bad TILEPILOT_RULES_CONSTANTS file too
     family = get_family(campaign.kernel)
     first = _first_configs(family, campaign, opts.campaign)
