@@ -92,9 +92,11 @@ EXTRA = ["6144x1536x4096:bf16", "3000x5000x1000:fp16", "8192x8192x8192:bf16", "5
 
 TILE_NAMES = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 # The matmul variants' grids (--variants), each variant's tiles as (BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps):
-# split-K small-M and wave-filling tiles, the persistent kernels the tutorial's tiles.
+# split-K small-M and wave-filling tiles, the persistent kernels the tutorial's tiles (TMA also 256×128).
 SPLITK_TILES = ((16, 64, 4), (16, 128, 4), (64, 64, 4), (64, 128, 4), (128, 128, 8), (128, 256, 8))
 PERSISTENT_TILES = ((64, 128, 4), (128, 64, 4), (128, 128, 4), (128, 128, 8), (64, 256, 4), (128, 256, 8))
+FUSED_TILES = ((16, 64, 4), (16, 128, 4), (32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 128, 8))
+TMA_TILES = (*PERSISTENT_TILES, (256, 128, 8))
 
 
 def grid(kernel: str = MATMUL) -> list[Config]:
@@ -114,24 +116,49 @@ def variants_grid(problem: Problem) -> list[Config]:
       BLOCK_SIZE_M, BLOCK_SIZE_N in {64,128,256}, BLOCK_SIZE_K in {32,64,128}, warps {4,8}, stages {3,4} (108);
     - splitk: SPLITK_TILES × BLOCK_SIZE_K {64,128} × stages {3,4} × SPLIT_K {2,4,8} (72);
     - persistent and tma: PERSISTENT_TILES × BLOCK_SIZE_K {32,64,128} × stages {3,4} (36 each; tma
-      without ALIGN_HINT, it has no pointer loads).
+      without ALIGN_HINT, it has no pointer loads);
+    - `new_variants_grid`: splitk_fused, tma_tail, tma with EPILOGUE_SUBTILE and 256×128 tiles.
     GROUP_SIZE_M=8 throughout. Configs a constraint refuses are recorded as invalid with the reason."""
-    from tilepilot.kernels.matmul import alignments
-
-    def config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
-        return Config.of({**dict(zip(TILE_NAMES, (bm, bn, bk, 8, w, s), strict=True)),
-                          "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False, **variant})
-
-    hint = alignments(problem, config(64, 64, 64, 4, 3, ALIGN_HINT=True)) != (1, 1)
-    out = [config(bm, bn, bk, w, s, ALIGN_HINT=True)
+    hint = _hint(problem)
+    out = [_config(bm, bn, bk, w, s, ALIGN_HINT=True)
            for bm, bn, bk, w, s in itertools.product([64, 128, 256], [64, 128, 256], [32, 64, 128], [4, 8], [3, 4])
            ] if hint else []
-    out += [config(bm, bn, bk, w, s, VARIANT="splitk", SPLIT_K=k, ALIGN_HINT=hint)
+    out += [_config(bm, bn, bk, w, s, VARIANT="splitk", SPLIT_K=k, ALIGN_HINT=hint)
             for (bm, bn, w), bk, s, k in itertools.product(SPLITK_TILES, [64, 128], [3, 4], [2, 4, 8])]
     for variant, hinted in (("persistent", hint), ("tma", False)):
-        out += [config(bm, bn, bk, w, s, VARIANT=variant, ALIGN_HINT=hinted)
+        out += [_config(bm, bn, bk, w, s, VARIANT=variant, ALIGN_HINT=hinted)
                 for (bm, bn, w), bk, s in itertools.product(PERSISTENT_TILES, [32, 64, 128], [3, 4])]
+    return out + new_variants_grid(problem)
+
+
+def new_variants_grid(problem: Problem) -> list[Config]:
+    """The variants added after the first recording (`--variants --new-only` records just these):
+    - splitk_fused: FUSED_TILES × BLOCK_SIZE_K {64,128} × stages {3,5} × SPLIT_K {2,4,8,16} (96);
+    - tma_tail: TMA_TILES × BLOCK_SIZE_K {32,64,128} × stages {3,4} × EPILOGUE_SUBTILE {False,True} (84);
+    - tma with EPILOGUE_SUBTILE (TMA_TILES × BLOCK_SIZE_K {32,64,128} × stages {3,4}, 42) and without it
+      on the 256×128 tile (6)."""
+    hint = _hint(problem)
+    out = [_config(bm, bn, bk, w, s, VARIANT="splitk_fused", SPLIT_K=k, ALIGN_HINT=hint)
+           for (bm, bn, w), bk, s, k in itertools.product(FUSED_TILES, [64, 128], [3, 5], [2, 4, 8, 16])]
+    out += [_config(bm, bn, bk, w, s, VARIANT="tma_tail", EPILOGUE_SUBTILE=sub)
+            for (bm, bn, w), bk, s, sub in itertools.product(TMA_TILES, [32, 64, 128], [3, 4], [False, True])]
+    out += [_config(bm, bn, bk, w, s, VARIANT="tma", EPILOGUE_SUBTILE=True)
+            for (bm, bn, w), bk, s in itertools.product(TMA_TILES, [32, 64, 128], [3, 4])]
+    out += [_config(256, 128, bk, 8, s, VARIANT="tma") for bk, s in itertools.product([32, 64, 128], [3, 4])]
     return out
+
+
+def _config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
+    return Config.of({**dict(zip(TILE_NAMES, (bm, bn, bk, 8, w, s), strict=True)),
+                      "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False, "EPILOGUE_SUBTILE": False,
+                      "WARP_SPECIALIZE": False, **variant})
+
+
+def _hint(problem: Problem) -> bool:
+    """Whether ALIGN_HINT says something for this problem."""
+    from tilepilot.kernels.matmul import alignments
+
+    return alignments(problem, _config(64, 64, 64, 4, 3, ALIGN_HINT=True)) != (1, 1)
 
 
 def parse_problem(spec: str) -> Problem:
@@ -256,6 +283,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     configs_all = grid(kernel)
 
     def configs_of(p: Problem) -> list[Config]:
+        if args.new_only:
+            return new_variants_grid(p)
         return variants_grid(p) if args.variants else configs_all
 
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
@@ -485,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", help="default bench/results/record-KERNEL-h100.json")
     p.add_argument("--variants", action="store_true",
                    help="matmul: record the variants' grid (variants_grid) instead of the tutorial's 162 configs")
+    p.add_argument("--new-only", action="store_true",
+                   help="matmul: record only the variants added after the first recording (new_variants_grid)")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

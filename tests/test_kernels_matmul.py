@@ -50,9 +50,9 @@ def test_parse_problem_rejects_with_one_line_naming_key_and_allowed(raw: dict, p
 def test_space_has_the_tutorial_parameters_and_the_variant_ones() -> None:
     space = FAMILY.space()
     assert space.names == ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
-                           "num_stages", "VARIANT", "SPLIT_K", "ALIGN_HINT")
-    assert space.param("VARIANT").choices == ("grouped", "splitk", "persistent", "tma")
-    assert space.size == 5 * 5 * 5 * 4 * 3 * 4 * 4 * 5 * 2
+                           "num_stages", "VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
+    assert space.param("VARIANT").choices == ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail")
+    assert space.size == 5 * 5 * 5 * 4 * 3 * 4 * 6 * 5 * 2 * 2 * 2
 
 
 def test_shared_memory_constraint_names_the_need_and_the_limit() -> None:
@@ -102,16 +102,20 @@ def test_faults_family_extends_the_space_with_fault() -> None:
 
 
 # ---- variants ---------------------------------------------------------------------------------------
-def variant(v: str = "grouped", split: int = 1, hint: bool = False, **tile: int) -> Config:
-    return Config.of({**config(**tile).as_dict(), "VARIANT": v, "SPLIT_K": split, "ALIGN_HINT": hint})
+def variant(v: str = "grouped", split: int = 1, hint: bool = False, EPILOGUE_SUBTILE: bool = False,
+            WARP_SPECIALIZE: bool = False, **tile: int) -> Config:
+    return Config.of({**config(**tile).as_dict(), "VARIANT": v, "SPLIT_K": split, "ALIGN_HINT": hint,
+                      "EPILOGUE_SUBTILE": EPILOGUE_SUBTILE, "WARP_SPECIALIZE": WARP_SPECIALIZE})
 
 
 def test_config_recorded_before_the_variants_parses_as_the_grouped_kernel() -> None:
     old = config().as_dict()
     parsed = FAMILY.space().parse(old)
-    assert parsed == variant() and list(parsed)[-3:] == ["VARIANT", "SPLIT_K", "ALIGN_HINT"]
+    assert parsed == variant() and list(parsed)[-5:] == ["VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE",
+                                                         "WARP_SPECIALIZE"]
     assert FAMILY.space().parse(variant("splitk", 4).as_dict())["SPLIT_K"] == 4
-    with pytest.raises(InputError, match=r"VARIANT='cutlass' is not one of \{grouped, splitk, persistent, tma\}"):
+    with pytest.raises(InputError, match=r"VARIANT='cutlass' is not one of \{grouped, splitk, persistent, tma, "
+                                         r"splitk_fused, tma_tail\}"):
         FAMILY.space().parse({**old, "VARIANT": "cutlass"})
     with pytest.raises(InputError, match="missing BLOCK_SIZE_M"):  # a parameter without a default stays required
         FAMILY.space().parse({k: v for k, v in old.items() if k != "BLOCK_SIZE_M"})
@@ -146,12 +150,26 @@ def test_a_config_without_variant_parameters_is_checked_as_the_grouped_kernel() 
     (variant("splitk", 8, bk=128), problem(16384, 16384, 256),
      "SPLIT_K=8 leaves a split without work: K=256 is 2 block(s) of BLOCK_SIZE_K=128"),
     (variant("splitk", 8, bk=64), problem(8192, 8192, 8192),
-     "SPLIT_K=8 needs a 2048 MiB fp32 workspace (SPLIT_K×M×N), more than 1024 MiB"),
+     "SPLIT_K=8 needs a 2048 MiB fp32 workspace (SPLIT_K × M×N), more than 1024 MiB"),
     (variant("tma"), problem(1500, 1500, 1500, "fp16"),
      "VARIANT=tma needs rows of a multiple of 16 bytes: fp16 rows of K=1500 and N=1500 elements are not"),
     (variant("tma"), problem(1000, 3004, 2000), "bf16 rows of N=3004 elements are not"),
     (variant("tma", bm=256, bn=256, bk=64, s=3), problem(),
      "VARIANT=tma needs 327680 B of shared memory for its 3-stage A and B tiles and the C tile it stores"),
+    (variant("tma", bm=256, bn=256, bk=64, s=3, EPILOGUE_SUBTILE=True), problem(),
+     "VARIANT=tma needs 262144 B of shared memory"),  # half the C tile
+    (variant("splitk_fused", 1), problem(), "VARIANT=splitk_fused needs SPLIT_K of 2 or more"),
+    (variant("tma_tail", 2), problem(), "SPLIT_K=2 is only for VARIANT=splitk or splitk_fused"),
+    (variant("tma_tail", hint=True), problem(3000, 5000, 1000, "fp16"),
+     "ALIGN_HINT=True is for pointer loads; VARIANT=tma_tail loads through tensor descriptors"),
+    (variant("tma_tail"), problem(1500, 1500, 1500, "fp16"), "VARIANT=tma_tail needs rows of a multiple of 16"),
+    (variant("persistent", EPILOGUE_SUBTILE=True), problem(), "EPILOGUE_SUBTILE=True is only for VARIANT=tma or "
+                                                              "tma_tail"),
+    (variant("tma_tail", WARP_SPECIALIZE=True), problem(), "WARP_SPECIALIZE=True is only for VARIANT=tma"),
+    (variant("splitk_fused", 8, bm=256, bn=256, bk=64), problem(16384, 16384, 256),
+     "SPLIT_K=8 leaves a split without work"),
+    (variant("splitk_fused", 4, bm=128, bn=128, bk=64), problem(16384, 16384, 1024),
+     "SPLIT_K=4 needs a 4096 MiB fp32 workspace (SPLIT_K × the tiles), more than 1024 MiB"),
 ])
 def test_conditional_parameters_are_constraints_with_a_one_line_reason(cfg: Config, prob: Problem,
                                                                          reason: str) -> None:
@@ -167,10 +185,11 @@ def test_workspace_of_exactly_the_cap_is_allowed() -> None:
 def test_every_variant_has_valid_configs_on_the_issue_shapes() -> None:
     space = FAMILY.space().narrowed({"BLOCK_SIZE_M": [64, 128], "BLOCK_SIZE_N": [64, 128], "BLOCK_SIZE_K": [64],
                                      "GROUP_SIZE_M": [8], "num_warps": [4], "num_stages": [3]})
-    for prob, variants in ((problem(3000, 5000, 1000, "fp16"), {"grouped", "splitk", "persistent", "tma"}),
-                           (problem(1500, 1500, 1500, "fp16"), {"grouped", "splitk", "persistent"}),
-                           (problem(1, 4096, 4096), {"grouped", "splitk", "persistent", "tma"}),
-                           (problem(16384, 16384, 256), {"grouped", "persistent", "tma"})):  # 2 GiB workspace
+    every = {"grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail"}
+    for prob, variants in ((problem(3000, 5000, 1000, "fp16"), every),
+                           (problem(1500, 1500, 1500, "fp16"), {"grouped", "splitk", "persistent", "splitk_fused"}),
+                           (problem(1, 4096, 4096), every),
+                           (problem(16384, 16384, 256), every - {"splitk", "splitk_fused"})):  # 2 GiB workspaces
         valid = space.valid(prob)
         assert {c["VARIANT"] for c in valid} == variants, prob.label()
         hinted = {c["ALIGN_HINT"] for c in valid}
@@ -203,7 +222,8 @@ def test_kernel_version_covers_every_variant_module() -> None:
     from tilepilot.kernels.matmul import KERNEL_MODULES
 
     assert set(KERNEL_MODULES) == {"tilepilot.kernels.matmul_triton", "tilepilot.kernels.matmul_splitk_triton",
-                                   "tilepilot.kernels.matmul_persistent_triton"}
+                                   "tilepilot.kernels.matmul_persistent_triton",
+                                   "tilepilot.kernels.matmul_splitk_fused_triton"}
 
 
 def test_recorded_dataset_without_variant_keys_replays_as_the_grouped_kernel() -> None:

@@ -21,9 +21,10 @@ TOLERANCE = {"bf16": 1e-2, "fp16": 2e-3}
 
 
 def cfg(variant: str, bm: int = 128, bn: int = 128, bk: int = 64, w: int = 4, s: int = 3, split: int = 1,
-        hint: bool = False, g: int = 8) -> Config:
+        hint: bool = False, g: int = 8, subtile: bool = False) -> Config:
     return Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": g,
-                      "num_warps": w, "num_stages": s, "VARIANT": variant, "SPLIT_K": split, "ALIGN_HINT": hint})
+                      "num_warps": w, "num_stages": s, "VARIANT": variant, "SPLIT_K": split, "ALIGN_HINT": hint,
+                      "EPILOGUE_SUBTILE": subtile})
 
 
 def prob(m: int, n: int, k: int, dtype: str) -> Problem:
@@ -32,7 +33,9 @@ def prob(m: int, n: int, k: int, dtype: str) -> Problem:
 
 VARIANT_CONFIGS = [
     cfg("grouped", hint=True), cfg("splitk", 64, 64, 64, split=2), cfg("splitk", 16, 64, 128, split=4, hint=True),
-    cfg("persistent"), cfg("persistent", 128, 256, 64, w=8, hint=True), cfg("tma"), cfg("tma", 64, 64, 32, s=4)]
+    cfg("persistent"), cfg("persistent", 128, 256, 64, w=8, hint=True), cfg("tma"), cfg("tma", 64, 64, 32, s=4),
+    cfg("tma", 128, 256, 64, w=8, subtile=True), cfg("splitk_fused", 16, 64, 128, split=4, hint=True),
+    cfg("splitk_fused", 64, 128, 64, split=2), cfg("tma_tail"), cfg("tma_tail", 128, 256, 64, w=8, subtile=True)]
 PROBLEMS = [prob(33, 47, 65, "fp16"), prob(33, 40, 72, "bf16"), prob(1, 4096, 4096, "bf16"),
             prob(3000, 5000, 1000, "fp16"), prob(1000, 3000, 2000, "bf16"), prob(1500, 1500, 1500, "fp16"),
             prob(16384, 16384, 256, "bf16")]
@@ -76,9 +79,13 @@ def _built(family: Any, problem: Problem, config: Config) -> tuple[Any, tuple[An
     return family.launcher(problem, config, inputs, out, compiled), inputs, out
 
 
-def test_splitk_gives_the_same_bits_on_every_run(family: Any) -> None:
-    problem = prob(1000, 3000, 2000, "bf16")
-    run, _, out = _built(family, problem, cfg("splitk", 64, 128, 64, split=4, hint=True))
+@pytest.mark.parametrize("config", [cfg("splitk", 64, 128, 64, split=4, hint=True),
+                                    cfg("splitk_fused", 64, 128, 64, split=4, hint=True),
+                                    cfg("splitk_fused", 16, 64, 64, split=16, hint=True), cfg("tma_tail")],
+                         ids=lambda c: f"{c['VARIANT']}-{c['SPLIT_K']}")
+def test_splitk_gives_the_same_bits_on_every_run(family: Any, config: Config) -> None:
+    problem = prob(1000, 3000, 2000, "bf16")  # 192 tiles of 128×128: tma_tail splits the last 60 in two
+    run, _, out = _built(family, problem, config)
     outs = []
     for _ in range(5):
         out.fill_(float("nan"))
@@ -89,7 +96,8 @@ def test_splitk_gives_the_same_bits_on_every_run(family: Any) -> None:
     assert not outs[0].isnan().any()
 
 
-@pytest.mark.parametrize("config", [cfg("splitk", 64, 128, 64, split=4), cfg("tma"), cfg("persistent")],
+@pytest.mark.parametrize("config", [cfg("splitk", 64, 128, 64, split=4), cfg("tma"), cfg("persistent"),
+                                    cfg("splitk_fused", 64, 128, 64, split=4), cfg("tma_tail")],
                          ids=lambda c: str(c["VARIANT"]))
 def test_launch_allocates_nothing_and_is_captured_by_a_cuda_graph(family: Any, config: Config) -> None:
     problem = prob(512, 1024, 2048, "bf16")
@@ -124,7 +132,8 @@ def test_persistent_launch_is_one_program_per_sm(family: Any) -> None:
 
 
 @pytest.mark.parametrize("config", [cfg("persistent", hint=True), cfg("splitk", 64, 64, 64, split=2, hint=True),
-                                    cfg("tma")], ids=lambda c: str(c["VARIANT"]))
+                                    cfg("tma"), cfg("splitk_fused", 64, 64, 64, split=2, hint=True),
+                                    cfg("tma_tail", subtile=True)], ids=lambda c: str(c["VARIANT"]))
 def test_aot_variant_kernel_is_the_kernel_the_jit_builds(family: Any, config: Config) -> None:
     import triton
 
@@ -136,9 +145,10 @@ def test_aot_variant_kernel_is_the_kernel_the_jit_builds(family: Any, config: Co
     aot = getattr(aot, "main", aot)
     fn, ints, constexprs = _kernel(problem, config)
     a, b = family.make_inputs(problem, 0, "cuda")
-    third = torch.empty(2 * 3000 * 5000, dtype=torch.float32, device="cuda") if "ws_ptr" in fn.arg_names else \
-        torch.empty((3000, 5000), dtype=torch.float16, device="cuda")
-    pointers = dict(zip([n for n in fn.arg_names if n.endswith("_ptr")], (a, b, third), strict=True))
+    buffers = {"a_ptr": a, "b_ptr": b, "c_ptr": torch.empty((3000, 5000), dtype=torch.float16, device="cuda"),
+               "ws_ptr": torch.empty(2**25, dtype=torch.float32, device="cuda"),
+               "lock_ptr": torch.zeros(2**12, dtype=torch.int32, device="cuda")}
+    pointers = {n: buffers[n] for n in fn.arg_names if n.endswith("_ptr")}
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
     jit = fn[(1, 1, 1)](**pointers, **ints, **constexprs, num_warps=int(config["num_warps"]),
                         num_stages=int(config["num_stages"]))

@@ -29,11 +29,12 @@ SMALL = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE
          "num_stages": 2}
 VARIANTS = [  # (VARIANT, SPLIT_K, ALIGN_HINT)
     ("grouped", 1, False), ("grouped", 1, True), ("splitk", 2, False), ("splitk", 4, True),
-    ("persistent", 1, False), ("persistent", 1, True), ("tma", 1, False)]
+    ("persistent", 1, False), ("persistent", 1, True), ("tma", 1, False), ("splitk_fused", 2, False),
+    ("splitk_fused", 4, True), ("tma_tail", 1, False)]
 # ragged: M=1; K=72 and N=40 even but no multiple of 16 (ALIGN 8); K=100 (ALIGN 4) with N=48;
-# everything odd (no hint possible, no TMA)
+# everything odd (no hint possible, no TMA); 4 tiles on 3 programs, so tma_tail splits its last tile in 3
 PROBLEMS = [{"M": 33, "N": 40, "K": 72, "dtype": "fp16"}, {"M": 1, "N": 48, "K": 100, "dtype": "fp16"},
-            {"M": 50, "N": 45, "K": 67, "dtype": "fp16"}]
+            {"M": 50, "N": 45, "K": 67, "dtype": "fp16"}, {"M": 20, "N": 40, "K": 96, "dtype": "fp16"}]
 
 
 def run_child(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
@@ -84,12 +85,15 @@ for raw in raws:
         out = family.make_output(p, inputs).fill_(float("nan"))
         family.launcher(p, Config.of({**small, "VARIANT": "splitk", "SPLIT_K": 2}), inputs, out, None)()
         runs.append(out)
+    subtiled = ev.evaluate("matmul", p, [Config.of({**small, "VARIANT": v, "EPILOGUE_SUBTILE": True})
+                                         for v in ("tma", "tma_tail")])
     report.append({
         "label": p.label(), "tolerance": family.tolerance(p),
         "results": [[c["VARIANT"], c["SPLIT_K"], c["ALIGN_HINT"], r.status.value, r.max_rel_err, r.message,
                      r.timing.method if r.timing else None] for c, r in zip(configs, results)],
         "wrong": [[r.config["VARIANT"], r.status.value, r.message] for r in wrong],
         "splitk_same_bits": bool(torch.equal(runs[0], runs[1])),
+        "subtiled": [[r.config["VARIANT"], r.status.value, r.max_rel_err, r.message] for r in subtiled],
         "tiles": -(-p["M"] // small["BLOCK_SIZE_M"]) * -(-p["N"] // small["BLOCK_SIZE_N"]),
     })
 from tilepilot.kernels.matmul import INTERPRETER_PROGRAMS, _programs
@@ -149,6 +153,19 @@ def test_splitk_gives_the_same_bits_on_every_run(interpreted: list[dict[str, Any
     assert all(p["splitk_same_bits"] for p in interpreted[:-1])
 
 
+def test_tma_epilogue_in_two_halves_is_correct_where_tma_runs(interpreted: list[dict[str, Any]]) -> None:
+    ran = 0
+    for problem in interpreted[:-1]:
+        for variant, status, err, message in problem["subtiled"]:
+            assert status in ("ok", "invalid"), (problem["label"], variant, message)
+            if status == "ok":
+                assert 0 <= err < problem["tolerance"], (problem["label"], variant, err)
+                ran += 1
+            else:
+                assert "needs rows of a multiple of 16 bytes" in message
+    assert ran >= 4
+
+
 COMPILE_CHILD = """
 import json, re, sys
 from tilepilot.experiments import Config
@@ -183,7 +200,8 @@ UNALIGNED = {"M": 3000, "N": 5000, "K": 1000, "dtype": "fp16"}
 ALIGNED = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
 COMPILE_JOBS = [[UNALIGNED, "grouped", 1, False], [UNALIGNED, "grouped", 1, True], [UNALIGNED, "splitk", 2, True],
                 [UNALIGNED, "persistent", 1, True], [UNALIGNED, "tma", 1, False], [ALIGNED, "splitk", 4, False],
-                [ALIGNED, "persistent", 1, False], [ALIGNED, "tma", 1, False]]
+                [ALIGNED, "persistent", 1, False], [ALIGNED, "tma", 1, False], [UNALIGNED, "splitk_fused", 4, True],
+                [ALIGNED, "splitk_fused", 2, False], [UNALIGNED, "tma_tail", 1, False], [ALIGNED, "tma_tail", 1, False]]
 
 
 @pytest.fixture(scope="module")
@@ -201,10 +219,11 @@ def test_every_variant_compiles_ahead_of_time_for_sm90_without_a_gpu(compiled: d
 
 
 def test_tma_variant_loads_and_stores_through_bulk_tensor_copies(compiled: dict[str, Any]) -> None:
-    for label in ("M=3000 N=5000 K=1000 fp16 tma 1 False", "M=4096 N=4096 K=4096 bf16 tma 1 False"):
+    for label in ("M=3000 N=5000 K=1000 fp16 tma 1 False", "M=4096 N=4096 K=4096 bf16 tma 1 False",
+                  "M=3000 N=5000 K=1000 fp16 tma_tail 1 False"):
         ops = compiled["ptx"][label]
         assert any(op.startswith("cp.async.bulk.tensor") for op in ops), (label, ops)
-        assert not any(op.startswith("ld.global") for op in ops), (label, ops)
+        assert not any(op.startswith("ld.global") for op in ops if "tail" not in label), (label, ops)
 
 
 def test_align_hint_turns_element_loads_into_16_byte_async_copies(compiled: dict[str, Any]) -> None:
@@ -213,6 +232,14 @@ def test_align_hint_turns_element_loads_into_16_byte_async_copies(compiled: dict
     assert plain.get("ld.global.b16", 0) > 0 and plain.get("st.global.b16", 0) > 0  # one element at a time
     assert "cp.async.cg.shared.global" in hinted and not any(op.startswith("ld.global") for op in hinted)
     assert hinted.get("st.global.v4.b32", 0) > 0 and "st.global.b16" not in hinted  # 16-byte stores of C
+
+
+def test_fused_reductions_take_a_ticket_and_read_the_partials_past_l1(compiled: dict[str, Any]) -> None:
+    for label in ("M=4096 N=4096 K=4096 bf16 splitk_fused 2 False", "M=3000 N=5000 K=1000 fp16 splitk_fused 4 True",
+                  "M=4096 N=4096 K=4096 bf16 tma_tail 1 False"):
+        ops = compiled["ptx"][label]
+        assert any(op.startswith("ld.global.cg") for op in ops), (label, ops)
+        assert any(op.startswith("st.global.cg") for op in ops), (label, ops)
 
 
 def test_splitk_compiles_its_reduction_too(compiled: dict[str, Any]) -> None:

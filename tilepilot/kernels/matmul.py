@@ -14,7 +14,19 @@ stages) plus the kernel variant and its own parameters:
   - "tma": the persistent kernel loading and storing whole tiles through tensor descriptors
     (Hopper's bulk tensor copy engine); needs sm_90 and a Triton with `tl.make_tensor_descriptor`,
     else the config is a `compile_error` that says so;
-- SPLIT_K (default 1): the number of K ranges, 2 or more for VARIANT=splitk and 1 otherwise;
+  - "splitk_fused": split-K in one launch: the program that finishes a tile's last K range sums
+    the fp32 partials in a fixed order (deterministic) and writes C (matmul_splitk_fused_triton.py);
+    for the decode shapes, where a second launch costs a large share of the time;
+  - "tma_tail": the tma kernel with the last, partial wave of tiles split along K over the programs
+    the wave would leave idle (deterministic reduction as splitk_fused), for problems whose tile
+    count falls just over a multiple of the SM count (matmul_persistent_triton.py);
+- SPLIT_K (default 1): the number of K ranges, 2 or more for VARIANT=splitk or splitk_fused and 1
+  otherwise (tma_tail derives its own split from the tile count);
+- EPILOGUE_SUBTILE (default False): tma and tma_tail store C in two halves, so the tile staged in
+  shared memory for the store is half as large (Triton's 09-persistent-matmul tutorial);
+- WARP_SPECIALIZE (default False): tma's tile loop with `tl.range(..., warp_specialize=True)`
+  (separate load and MMA warps); where the installed Triton cannot do that for the target the
+  config is a `compile_error` with Triton's reason;
 - ALIGN_HINT (default False): state the alignment of K and N that Triton cannot see. Triton
   specialises integer arguments on divisibility by 16 only, so a row of K=1000 fp16 elements
   (2000 bytes, a multiple of 16) looks unaligned and its loads go element by element. With
@@ -22,7 +34,7 @@ stages) plus the kernel variant and its own parameters:
   kernel restates them so the loads are vectors again (see matmul_triton.py). Only where it says
   something (K or N not a multiple of 16 but even) and not for "tma" (no pointer loads).
 
-A config without these three parameters (recorded before they existed) is the grouped kernel:
+A config without these parameters (recorded before they existed) is the grouped kernel:
 `SearchSpace.parse` fills in the defaults, and the family reads a missing one as its default.
 The conditional parameters are constraints with a one-line reason, e.g. "SPLIT_K=4 is only for
 VARIANT=splitk".
@@ -56,11 +68,15 @@ PARAMS = (
     Param("num_stages", (2, 3, 4, 5)),
 )
 TILE_PARAMS = tuple(p.name for p in PARAMS)
-VARIANTS = ("grouped", "splitk", "persistent", "tma")
+VARIANTS = ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail")
+SPLIT_VARIANTS = ("splitk", "splitk_fused")  # those that take SPLIT_K
+TMA_VARIANTS = ("tma", "tma_tail")  # those that load through tensor descriptors
 VARIANT_PARAMS = (
     Param("VARIANT", VARIANTS, default="grouped"),
     Param("SPLIT_K", (1, 2, 4, 8, 16), default=1),
     Param("ALIGN_HINT", (False, True), default=False),
+    Param("EPILOGUE_SUBTILE", (False, True), default=False),
+    Param("WARP_SPECIALIZE", (False, True), default=False),
 )
 DEFAULTS: dict[str, Any] = {p.name: p.default for p in VARIANT_PARAMS}
 
@@ -106,12 +122,17 @@ def alignments(problem: Problem, config: Config) -> tuple[int, int]:
 
 
 def variant_settings(config: Config, problem: Problem) -> str | None:
-    """SPLIT_K belongs to VARIANT=splitk, which needs at least two splits."""
+    """SPLIT_K belongs to the split-K variants, which need at least two splits; EPILOGUE_SUBTILE to
+    the tensor-descriptor variants; WARP_SPECIALIZE to VARIANT=tma."""
     variant, split = setting(config, "VARIANT"), int(setting(config, "SPLIT_K"))
-    if variant == "splitk" and split < 2:
-        return "VARIANT=splitk needs SPLIT_K of 2 or more"
-    if variant != "splitk" and split != 1:
-        return f"SPLIT_K={split} is only for VARIANT=splitk"
+    if variant in SPLIT_VARIANTS and split < 2:
+        return f"VARIANT={variant} needs SPLIT_K of 2 or more"
+    if variant not in SPLIT_VARIANTS and split != 1:
+        return f"SPLIT_K={split} is only for VARIANT={' or '.join(SPLIT_VARIANTS)}"
+    if setting(config, "EPILOGUE_SUBTILE") and variant not in TMA_VARIANTS:
+        return f"EPILOGUE_SUBTILE=True is only for VARIANT={' or '.join(TMA_VARIANTS)}"
+    if setting(config, "WARP_SPECIALIZE") and variant != "tma":
+        return "WARP_SPECIALIZE=True is only for VARIANT=tma"
     return None
 
 
@@ -119,8 +140,9 @@ def align_hint_applies(config: Config, problem: Problem) -> str | None:
     """ALIGN_HINT must say something Triton does not know, to a kernel that loads through pointers."""
     if not setting(config, "ALIGN_HINT"):
         return None
-    if setting(config, "VARIANT") == "tma":
-        return "ALIGN_HINT=True is for pointer loads; VARIANT=tma loads through tensor descriptors"
+    if setting(config, "VARIANT") in TMA_VARIANTS:
+        return (f"ALIGN_HINT=True is for pointer loads; VARIANT={setting(config, 'VARIANT')} loads through "
+                "tensor descriptors")
     if alignments(problem, config) == (1, 1):
         _, n, k = dims(problem)
         return (f"ALIGN_HINT=True has nothing to assert: K={k} and N={n} are each a multiple of 16 "
@@ -130,35 +152,48 @@ def align_hint_applies(config: Config, problem: Problem) -> str | None:
 
 def splitk_fits(config: Config, problem: Problem) -> str | None:
     """Every split gets at least one BLOCK_SIZE_K block, and the fp32 partials fit the workspace cap."""
-    if setting(config, "VARIANT") != "splitk":
+    if setting(config, "VARIANT") not in SPLIT_VARIANTS:
         return None
-    m, n, k = dims(problem)
+    _, _, k = dims(problem)
     split, bk = int(setting(config, "SPLIT_K")), int(config["BLOCK_SIZE_K"])
     blocks = -(-k // bk)
     if (split - 1) * -(-blocks // split) >= blocks:
         return (f"SPLIT_K={split} leaves a split without work: K={k} is {blocks} block(s) of "
                 f"BLOCK_SIZE_K={bk}")
-    need = split * m * n * 4
+    need = split * workspace_elements(problem, config) * 4
     if need > MAX_WORKSPACE_BYTES:
-        return (f"SPLIT_K={split} needs a {need / 2**20:.0f} MiB fp32 workspace (SPLIT_K×M×N), more than "
+        shape = "M×N" if setting(config, "VARIANT") == "splitk" else "the tiles"
+        return (f"SPLIT_K={split} needs a {need / 2**20:.0f} MiB fp32 workspace (SPLIT_K × {shape}), more than "
                 f"{MAX_WORKSPACE_BYTES // 2**20} MiB")
     return None
 
 
+def workspace_elements(problem: Problem, config: Config) -> int:
+    """fp32 elements of one split's partials: M×N (splitk), whole output tiles (splitk_fused)."""
+    m, n, _ = dims(problem)
+    if setting(config, "VARIANT") == "splitk":
+        return m * n
+    bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
+    return -(-m // bm) * -(-n // bn) * bm * bn
+
+
 def tma_fits(config: Config, problem: Problem) -> str | None:
-    """TMA needs 16-byte aligned row strides; the stored C tile is staged in shared memory too."""
-    if setting(config, "VARIANT") != "tma":
+    """TMA needs 16-byte aligned row strides; the stored C tile (half of it with EPILOGUE_SUBTILE)
+    is staged in shared memory too."""
+    variant = setting(config, "VARIANT")
+    if variant not in TMA_VARIANTS:
         return None
     _, n, k = dims(problem)
     dtype = str(problem["dtype"])
     size = DTYPE_BYTES[dtype]
     bad = [f"{name}={v}" for name, v in (("K", k), ("N", n)) if v * size % VECTOR_BYTES]
     if bad:
-        return (f"VARIANT=tma needs rows of a multiple of {VECTOR_BYTES} bytes: {dtype} rows of "
+        return (f"VARIANT={variant} needs rows of a multiple of {VECTOR_BYTES} bytes: {dtype} rows of "
                 f"{' and '.join(bad)} elements are not")
-    need = pipelined_shared_bytes(config, problem) + int(config["BLOCK_SIZE_M"]) * int(config["BLOCK_SIZE_N"]) * size
+    c_tile = int(config["BLOCK_SIZE_M"]) * int(config["BLOCK_SIZE_N"]) * size
+    need = pipelined_shared_bytes(config, problem) + (c_tile // 2 if setting(config, "EPILOGUE_SUBTILE") else c_tile)
     if need > H100_SHARED_BYTES:
-        return (f"VARIANT=tma needs {need} B of shared memory for its {config['num_stages']}-stage A and B "
+        return (f"VARIANT={variant} needs {need} B of shared memory for its {config['num_stages']}-stage A and B "
                 f"tiles and the C tile it stores, more than the {H100_SHARED_BYTES} B a block can have")
     return None
 
@@ -171,7 +206,7 @@ class MatmulFamily(KernelFamily):
     baseline_name: ClassVar[str] = "cuBLAS (torch.matmul)"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = ("C = A @ B, bf16/fp16 in and out, fp32 accumulation (Triton GEMM tutorial; "
-                                  "variants grouped, splitk, persistent, tma)")
+                                  "variants grouped, splitk, persistent, tma, splitk_fused, tma_tail)")
     dtypes: ClassVar[tuple[str, ...]] = DTYPES
     l2_flush: ClassVar[bool] = True
 
@@ -213,11 +248,12 @@ class MatmulFamily(KernelFamily):
         from tilepilot.kernels.compile import Pointer, aot_compile
 
         variant = setting(config, "VARIANT")
-        if variant == "tma":
+        if variant in TMA_VARIANTS:
             _require_tma(target)
         fn, ints, constexprs = _kernel(problem, config)
         dtype = str(problem["dtype"])
-        args: dict[str, Any] = {name: Pointer("fp32" if name == "ws_ptr" else dtype) for name in fn.arg_names
+        kinds = {"ws_ptr": "fp32", "lock_ptr": "i32"}
+        args: dict[str, Any] = {name: Pointer(kinds.get(name, dtype)) for name in fn.arg_names
                                 if name.endswith("_ptr")}
         main = aot_compile(fn, {**args, **ints}, constexprs, target,
                            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
@@ -271,10 +307,18 @@ class MatmulFamily(KernelFamily):
         m, n, _ = dims(problem)
         bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
         tiles = -(-m // bm) * -(-n // bn)
-        programs = tiles if variant == "grouped" else min(tiles, _programs(a))
-        run = launch(fn, (programs, 1, 1), {"a_ptr": a, "b_ptr": b, "c_ptr": out, **ints}, constexprs, config,
-                     compiled)
-        return _with_scratch(run, compiled, programs, out) if variant == "tma" else run
+        pointers = {"a_ptr": a, "b_ptr": b, "c_ptr": out}
+        grid = (tiles, 1, 1) if variant == "grouped" else (min(tiles, _programs(a)), 1, 1)
+        if variant == "splitk_fused":
+            split = int(setting(config, "SPLIT_K"))
+            grid = (tiles, split, 1)
+            pointers.update(ws_ptr=_workspace(split * workspace_elements(problem, config), a.device),
+                            lock_ptr=_locks(tiles, a.device))
+        if variant == "tma_tail":  # every SM, so that tiles fewer than the SMs are split too
+            grid = (_programs(a), 1, 1)
+            pointers.update(ws_ptr=_workspace(grid[0] * bm * bn, a.device), lock_ptr=_locks(grid[0], a.device))
+        run = launch(fn, grid, {**pointers, **ints}, constexprs, config, compiled)
+        return _with_scratch(run, compiled, grid[0], out) if variant in TMA_VARIANTS else run
 
     def baseline(self, problem: Problem, inputs: tuple[Any, ...], out: Any) -> Callable[[], None] | None:
         import torch
@@ -288,7 +332,7 @@ class MatmulFamily(KernelFamily):
 
 
 KERNEL_MODULES = ("tilepilot.kernels.matmul_triton", "tilepilot.kernels.matmul_splitk_triton",
-                  "tilepilot.kernels.matmul_persistent_triton")
+                  "tilepilot.kernels.matmul_persistent_triton", "tilepilot.kernels.matmul_splitk_fused_triton")
 
 
 class SplitKCompiled:
@@ -309,14 +353,27 @@ class SplitKCompiled:
 # ---- variants: which kernel, its arguments, its launch ------------------------------------------
 def _kernel(problem: Problem, config: Config) -> tuple[Any, dict[str, int], dict[str, Any]]:
     """The variant's Triton function, its integer arguments and its compile-time constants."""
-    from tilepilot.kernels import matmul_persistent_triton, matmul_splitk_triton, matmul_triton
+    from tilepilot.kernels import (
+        matmul_persistent_triton,
+        matmul_splitk_fused_triton,
+        matmul_splitk_triton,
+        matmul_triton,
+    )
 
     variant = setting(config, "VARIANT")
     ints, constexprs = _int_args(problem), _constexprs(config)
     align_k, align_n = alignments(problem, config)
     aligned = {**constexprs, "ALIGN_K": align_k, "ALIGN_N": align_n}
+    mnk = {k: ints[k] for k in ("M", "N", "K")}
+    subtile = bool(setting(config, "EPILOGUE_SUBTILE"))
     if variant == "tma":
-        return matmul_persistent_triton.matmul_tma_kernel, {k: ints[k] for k in ("M", "N", "K")}, constexprs
+        return matmul_persistent_triton.matmul_tma_kernel, mnk, {
+            **constexprs, "EPILOGUE_SUBTILE": subtile, "WARP_SPECIALIZE": bool(setting(config, "WARP_SPECIALIZE"))}
+    if variant == "tma_tail":
+        return matmul_persistent_triton.matmul_tma_tail_kernel, mnk, {**constexprs, "EPILOGUE_SUBTILE": subtile}
+    if variant == "splitk_fused":
+        return (matmul_splitk_fused_triton.matmul_splitk_fused_kernel, ints,
+                {**aligned, "SPLIT_K": int(setting(config, "SPLIT_K"))})
     if variant == "persistent":
         return matmul_persistent_triton.matmul_persistent_kernel, ints, aligned
     if variant == "splitk":
@@ -376,6 +433,22 @@ def _workspace(numel: int, device: Any) -> Any:
         _WORKSPACES.pop(key, None)  # launches built on the old one keep it alive as long as they live
         ws = _WORKSPACES[key] = torch.empty(numel, dtype=torch.float32, device=device)
     return ws[:numel]
+
+
+_LOCKS: dict[str, Any] = {}  # device -> the largest set of split-K tile counters made there so far
+
+
+def _locks(count: int, device: Any) -> Any:
+    """`count` int32 tile counters of this process on `device`, zero between launches (the program
+    that reduces a tile resets its counter), grown when too few; shared as the workspace is."""
+    import torch
+
+    key = str(device)
+    locks = _LOCKS.get(key)
+    if locks is None or locks.numel() < count:
+        _LOCKS.pop(key, None)
+        locks = _LOCKS[key] = torch.zeros(count, dtype=torch.int32, device=device)
+    return locks[:count]
 
 
 def _programs(a: Any) -> int:

@@ -71,21 +71,113 @@ def matmul_tma_kernel(
     a_ptr, b_ptr, c_ptr,
     M, N, K,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
 ):
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N])
-    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1], block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N])
+    a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                                          EPILOGUE_SUBTILE)
     start = tl.program_id(axis=0)
     programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
-    for tile in tl.range(start, num_pid_m * num_pid_n, programs, flatten=True):
+    for tile in tl.range(start, num_pid_m * num_pid_n, programs, flatten=True, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = tile_pid(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
         accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
         for k in range(0, k_blocks):
             a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
             b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
             accumulator = tl.dot(a, b, accumulator)
-        c_desc.store([pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N], accumulator.to(c_ptr.dtype.element_ty))
+        _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                    EPILOGUE_SUBTILE)
+
+
+@triton.jit
+def _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                 BLOCK_SIZE_K: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
+    """Tensor descriptors of A, B and C (C's block half a tile wide with EPILOGUE_SUBTILE)."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N])
+    if EPILOGUE_SUBTILE:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                           block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N // 2])
+    else:
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                           block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N])
+    return a_desc, b_desc, c_desc
+
+
+@triton.jit
+def _store_tile(c_desc, accumulator, row, col, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                EPILOGUE_SUBTILE: tl.constexpr):
+    """Store an fp32 tile through C's descriptor in C's dtype; with EPILOGUE_SUBTILE as two halves
+    (left, right), so the staging buffer in shared memory is half a tile."""
+    dtype = c_desc.dtype
+    if EPILOGUE_SUBTILE:
+        halves = tl.permute(tl.reshape(accumulator, (BLOCK_SIZE_M, 2, BLOCK_SIZE_N // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        c_desc.store([row, col], left.to(dtype))
+        c_desc.store([row, col + BLOCK_SIZE_N // 2], right.to(dtype))
+    else:
+        c_desc.store([row, col], accumulator.to(dtype))
+
+
+@triton.jit
+def matmul_tma_tail_kernel(
+    a_ptr, b_ptr, c_ptr, ws_ptr, lock_ptr,
+    M, N, K,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+):
+    a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                                          EPILOGUE_SUBTILE)
+    start = tl.program_id(axis=0)
+    programs = tl.num_programs(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
+    tiles = num_pid_m * num_pid_n
+    tail = tiles % programs
+    full = tiles - tail
+    # whole waves: one tile after another, as the tma kernel
+    for tile in tl.range(start, full, programs, flatten=True):
+        pid_m, pid_n = tile_pid(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for k in range(0, k_blocks):
+            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
+            b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
+            accumulator = tl.dot(a, b, accumulator)
+        _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                    EPILOGUE_SUBTILE)
+    # the last, partial wave: each of its tiles split along K over the idle programs
+    splits = 1
+    if tail > 0:
+        splits = min(programs // tail, k_blocks)
+    if start < tail * splits:
+        unit_tile = start // splits
+        split = start % splits
+        pid_m, pid_n = tile_pid(full + unit_tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        per_split = tl.cdiv(k_blocks, splits)
+        first = split * per_split
+        last = min(first + per_split, k_blocks)
+        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        for k in range(first, last):
+            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
+            b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
+            accumulator = tl.dot(a, b, accumulator)
+        if splits == 1:
+            _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                    EPILOGUE_SUBTILE)
+        else:
+            tile_size: tl.constexpr = BLOCK_SIZE_M * BLOCK_SIZE_N
+            offs_tile = tl.arange(0, BLOCK_SIZE_M)[:, None] * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :]
+            ws_tile = ws_ptr + (unit_tile * splits).to(tl.int64) * tile_size + offs_tile
+            tl.store(ws_tile + split * tile_size, accumulator, cache_modifier=".cg")
+            tl.debug_barrier()  # every thread's partial is stored before the ticket is taken
+            ticket = tl.atomic_add(lock_ptr + unit_tile, 1, sem="acq_rel", scope="gpu")
+            if ticket == splits - 1:
+                total = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+                for s in range(0, splits):
+                    total += tl.load(ws_tile + s * tile_size, cache_modifier=".cg")
+                _store_tile(c_desc, total, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                    EPILOGUE_SUBTILE)
+                tl.atomic_xchg(lock_ptr + unit_tile, 0)
