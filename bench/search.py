@@ -32,10 +32,16 @@ worst regret of the list on the training problems, then the mean. Deterministic.
 
 Held out. The `rules` tile model's fitted constants (bench/fit_rules.FITTED) are refitted
 here so that no problem is scored with constants that saw it; the shipped defaults
-(agents/tile_model.Constants, fitted on every recorded problem) are never used. `--protocol
+(agents/tile_model.Constants, fitted on every recorded H100 problem) are used only on a dataset
+they never saw (`--protocol shipped`). `--protocol
 lopo` (the default): for each problem, the constants are fitted on all the OTHER problems
 (leave one problem out) and every problem counts as held out. `--protocol dev-split`: one
 fit on DEV_PROBLEMS, scored on the others ("held_out"; "all" adds the development problems).
+`--protocol shipped`: the shipped constants, for a dataset they were not fitted on (the H200 grid
+of problems the H100 grid lacks, `data/replay/matmul-h200.jsonl.gz`): every problem is held out.
+`--protocol folds`: the constants of bench/results/rules-constants-4fold.json, each fitted on the
+three other folds of the H100 problems (as `bench/gpu_campaign.py` runs them); "per_fold" in
+the output has each fold's regret and configs to 2%.
 The portfolio's `rules` member gets the same constants. The rest of the rules proposer (the
 model's form, the GP settings, the measured ceilings of agents/roofline.py) is fixed; the
 fixed-list baseline is chosen leave one problem out in both protocols.
@@ -79,7 +85,7 @@ from tilepilot.agents.optuna_gp import GpSettings, OptunaGpProposer
 from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
 from tilepilot.agents.registry import get_proposer
 from tilepilot.agents.rules import RulesProposer
-from tilepilot.agents.tile_model import Constants
+from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants
 from tilepilot.experiments import Candidate, Config, Problem, Result, Status
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
@@ -94,7 +100,8 @@ PROPOSERS = ("random", "grid", "optuna", "optuna-gp", "rules", "portfolio")
 SLOW = ("optuna-gp", "portfolio+gp")  # run on the first --slow-seeds seeds only
 GP_MEMBERS = ("rules", "optuna", "random", "optuna-gp")  # `portfolio+gp` (not a default proposer)
 MODELLED = ("rules", "portfolio", "portfolio+gp")  # given the fitted rules constants
-PROTOCOLS = ("lopo", "dev-split")
+PROTOCOLS = ("lopo", "dev-split", "shipped", "folds")
+FOLDS = Path(__file__).resolve().parent / "results" / "rules-constants-4fold.json"
 BUDGET_FRACTIONS = (0.05, 0.10, 0.20)
 # The development problems of `--protocol dev-split` (labels as Problem.label()): the first
 # rules model was developed on these alone (the rest of the dataset unseen) and scored on
@@ -271,6 +278,11 @@ def fold_constants(pool: Any, dataset: ReplayDataset, protocol: str) -> dict[str
             raise ValueError(f"{dataset.path.name} holds none of the development problems {DEV_PROBLEMS}")
         dev = fit(problem_data(dataset, chosen))
         return dict.fromkeys(keys, dev)
+    if protocol == "shipped":
+        return dict.fromkeys(keys, DEFAULT_CONSTANTS)
+    if protocol == "folds":
+        return {p.key(): dataclasses.replace(DEFAULT_CONSTANTS, **f["constants"])
+                for f in json.loads(FOLDS.read_text())["folds"] for p in dataset.problems if p.label() in f["held_out"]}
     fitted = pool.map(_fit_task, [[k for k in keys if k != held] for held in keys], chunksize=1)
     return dict(zip(keys, fitted, strict=True))
 
@@ -359,7 +371,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dataset = load_dataset(args.dataset, get_family(KERNEL))
     problems = dataset.problems
     labels = [p.label() for p in problems]
-    held_out = labels if args.protocol == "lopo" else [lb for lb in labels if lb not in DEV_PROBLEMS]
+    held_out = labels if args.protocol != "dev-split" else [lb for lb in labels if lb not in DEV_PROBLEMS]
     grid = max(len(dataset.records(p)) for p in problems)
     budgets = [max(1, round(f * grid)) for f in BUDGET_FRACTIONS]
     proposers = [s for s in args.proposers.split(",") if s]
@@ -405,6 +417,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        for b in budgets},
             "cpu_s": round(cpu, 1),
         }
+        if args.protocol == "folds":
+            out[name]["per_fold"] = {
+                str(f["fold"]): {"to_2pct": summarise_reach(reach, f["held_out"]),
+                                 "regret": {str(b): summarise_regret(regret[b], f["held_out"]) for b in budgets}}
+                for f in json.loads(FOLDS.read_text())["folds"]}
     out["fixed-list"] = fixed_list_summary(dataset, budgets, held_out, labels)
     return {
         "command": "python " + " ".join(sys.argv),
