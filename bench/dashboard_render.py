@@ -431,6 +431,12 @@ CONTENT = {"overview": ("Trials (done / budget)", "Best so far vs trials", "reco
            "gpus": ("Utilisation", "Node node-b"), "queue": ("Running (", "Why the queue changed"),
            "experiments": ("experiment(s), newest first", "Tried by"), "hypotheses": ("Active (", "Verdict history"),
            "graph": ("drag to pan", "Learnings ("), "log": ("event(s), newest first",)}
+# Vega-Lite charts each page draws: a page counts as shown once each of them has drawn its marks
+CHARTS = {"overview": 3, "graph": 1}
+CHARTS_DRAWN_JS = """(() => {
+  const charts = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"]'));
+  return charts.length >= %d && charts.every(c => c.querySelector('.marks') !== null);
+})()"""
 
 
 def time_browser(db: Path, repeats: int, pages: tuple[str, ...]) -> dict[str, Any]:
@@ -461,7 +467,8 @@ def time_browser(db: Path, repeats: int, pages: tuple[str, ...]) -> dict[str, An
             runs: dict[str, list[float]] = {name: [] for name in pages}
             for _ in range(repeats):
                 for name in pages:
-                    runs[name].append(_visit(browser, url + ("" if name == "overview" else name), CONTENT[name]))
+                    runs[name].append(_visit(browser, url + ("" if name == "overview" else name), CONTENT[name],
+                                             CHARTS.get(name, 0)))
         finally:
             if browser is not None:
                 browser.close()
@@ -473,11 +480,12 @@ def time_browser(db: Path, repeats: int, pages: tuple[str, ...]) -> dict[str, An
     return out
 
 
-def _visit(browser: Any, url: str, content: tuple[str, ...]) -> float:
+def _visit(browser: Any, url: str, content: tuple[str, ...], charts: int = 0) -> float:
     t0 = time.perf_counter()
     target = browser.send("Target.createTarget", {"url": url})["targetId"]
     tab = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-    while not all(c in browser.text(tab) for c in content):  # polled every 50 ms
+    while not (all(c in browser.text(tab) for c in content)  # polled every 50 ms
+               and (not charts or browser.eval(tab, CHARTS_DRAWN_JS % charts) is True)):
         if time.perf_counter() - t0 > 120:
             raise RuntimeError(f"{url} never showed {content}")
         time.sleep(0.05)

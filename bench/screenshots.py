@@ -1,9 +1,10 @@
 """Screenshots of every dashboard page, taken in headless Chromium against the real server.
 
-    .venv/bin/python bench/screenshots.py DB [--out docs/img] [--width 1400] [--height 900]
-                                            [--pages overview gpus queue experiments hypotheses graph log]
+    .venv/bin/python bench/screenshots.py --db PATH [--out docs/img] [--width 1400] [--height 900]
+                                          [--pages overview gpus queue experiments hypotheses graph log]
 
-DB is a tilepilot database (for the README: a gpu campaign's store). It is copied to a
+PATH (also accepted as the first argument) is any store `tilepilot tune` wrote (for the README:
+a gpu campaign's store; a replay or interpret one works the same). It is copied to a
 temporary folder first, so the original is never touched (it may lie in a read-only place),
 and the copy is brought to the current schema (a store written by an older tilepilot).
 The dashboard serves the copy on 127.0.0.1 at a free port; Chromium (Debian's `chromium`)
@@ -171,7 +172,8 @@ def run(db: Path, out: Path, pages: list[str], width: int, height: int, full: bo
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("db", type=Path)
+    parser.add_argument("db_arg", nargs="?", type=Path, metavar="DB", help="the same as --db")
+    parser.add_argument("--db", type=Path, help="the store to take the pages of (it is copied, never changed)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
     parser.add_argument("--width", type=int, default=1400)
     parser.add_argument("--height", type=int, default=900)
@@ -179,9 +181,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--viewport-only", action="store_true", help="no full-page capture")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if not args.db.is_file():
-        raise SystemExit(f"database {args.db} does not exist")
-    run(args.db, args.out, args.pages, args.width, args.height, not args.viewport_only)
+    db = args.db or args.db_arg
+    if db is None:
+        parser.error("give the store: --db PATH")
+    if not db.is_file():
+        raise SystemExit(f"database {db} does not exist")
+    run(db, args.out, args.pages, args.width, args.height, not args.viewport_only)
 
 
 if __name__ == "__main__":

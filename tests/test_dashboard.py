@@ -198,7 +198,13 @@ def test_parameter_effect_chart_gives_time_over_the_problems_best_per_value(monk
     assert warps.loc["4", "q50"] == pytest.approx((0.5123 / 0.4321 + 1) / 2)
     assert warps.loc["8", "q50"] == pytest.approx(1.0)
     assert list(warps["order"]) == [0, 1]
-    assert set(effects["param"]) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "num_warps", "num_stages"}
+    assert set(effects["param"]) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "num_warps"}
+
+
+def test_parameter_effect_chart_names_instead_of_drawing_a_parameter_held_at_one_value(monkeypatch, db):
+    at = page(monkeypatch, db)
+    assert "num_stages" not in set(chart_data(at, "q50")["param"])  # every fixture config has num_stages=3
+    assert any(c.value.endswith("At one value in every ok result, so not drawn: num\\_stages=3.") for c in at.caption)
 
 
 def test_overview_keeps_the_fastest_trial_as_best_so_far_beside_the_re_measured_winner(monkeypatch, tmp_path):

@@ -41,7 +41,8 @@ from tilepilot.experiments import DeviceCeilings, canonical_json
 NOT_COUNTED = ("invalid",)
 RECENT = 100
 MAX_POINTS = 150  # trials drawn per problem in a convergence chart (every new best is kept)
-MAX_ROOFLINE_POINTS = 40  # results drawn per problem on the roofline (the best is kept)
+MAX_ROOFLINE_POINTS = 40  # results drawn per problem on the roofline (the best is kept) ...
+ROOFLINE_BUDGET = 400  # ... and at most about this many in all: MAX_ROOFLINE_POINTS shared among the problems
 
 
 @dataclass(frozen=True)
@@ -240,10 +241,19 @@ class RooflinePoint(NamedTuple):
     best: bool
 
 
+def roofline_per_problem(problems: int) -> int:
+    """How many results the roofline draws per problem: `MAX_ROOFLINE_POINTS`, fewer when many
+    problems share the chart (`ROOFLINE_BUDGET` in all, at least 8 each): the browser's cost grows
+    with the marks, and a problem's results all lie on one vertical line (its intensity)."""
+    return max(8, min(MAX_ROOFLINE_POINTS, ROOFLINE_BUDGET // max(1, problems)))
+
+
 def roofline_points(kernel: str, problems: Sequence[ProblemDigest], points: Sequence[TrialPoint],
-                    ceiling: DeviceCeilings | None, per_problem: int = MAX_ROOFLINE_POINTS) -> list[RooflinePoint]:
+                    ceiling: DeviceCeilings | None, per_problem: int | None = None) -> list[RooflinePoint]:
     """The ok results placed by arithmetic intensity and achieved TFLOP/s; at most `per_problem`
-    per problem (its best always, then an even sample). Empty without work models."""
+    per problem (`roofline_per_problem` by default; its best always, then an even sample). Empty
+    without work models."""
+    per_problem = roofline_per_problem(len(problems)) if per_problem is None else per_problem
     by_problem: dict[str, list[TrialPoint]] = {}
     for p in points:
         if p.status == "ok" and p.median_ms:
@@ -276,9 +286,9 @@ def parameter_effects(points: Sequence[TrialPoint]) -> pd.DataFrame:
     ok = [p for p in points if p.status == "ok" and p.median_ms and p.median_ms > 0]
     if not ok:
         return pd.DataFrame(columns=columns)
-    parsed: dict[str, dict[str, Any]] = {}  # the same config text is parsed once
-    frame = pd.DataFrame([{**(parsed.get(p.config) or parsed.setdefault(p.config, json.loads(p.config))),
-                           "_problem": p.problem_key, "_ms": p.median_ms} for p in ok])
+    frame = _config_frame([p.config for p in ok])
+    frame["_problem"] = [p.problem_key for p in ok]
+    frame["_ms"] = [p.median_ms for p in ok]
     frame["_rel"] = frame["_ms"] / frame.groupby("_problem")["_ms"].transform("min")
     params = [c for c in frame.columns if not c.startswith("_")]
     out = []
@@ -290,6 +300,16 @@ def parameter_effects(points: Sequence[TrialPoint]) -> pd.DataFrame:
             out.append({"param": param, "value": str(value), "order": order, "n": int(counts[value]),
                         **{f"q{round(x * 100)}": float(q[x]) for x in QUANTILES}})
     return pd.DataFrame(out, columns=columns)
+
+
+def _config_frame(configs: list[str]) -> pd.DataFrame:
+    """One row per config text (JSON objects as stored), a column per parameter. Each distinct text
+    is parsed once, and all of them in one `json.loads` of a JSON array: at 40k configs a call per
+    config costs five times as much."""
+    index: dict[str, int] = {}
+    codes = [index.setdefault(c, len(index)) for c in configs]
+    distinct = pd.DataFrame(json.loads("[" + ",".join(index) + "]"))
+    return distinct.iloc[codes].reset_index(drop=True)
 
 
 def _sort_key(value: object) -> tuple[int, float, str]:

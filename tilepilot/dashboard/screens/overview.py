@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from tilepilot.dashboard import charts, data, live, roofline
-from tilepilot.dashboard.digest import MAX_ROOFLINE_POINTS, RECENT, CampaignDigest
+from tilepilot.dashboard.digest import RECENT, CampaignDigest, roofline_per_problem
 from tilepilot.dashboard.reads import CampaignInfo
 from tilepilot.dashboard.text import ago, clock, count, duration, md_escape, ms, params, source, usd
 
@@ -184,7 +184,8 @@ def roofline_plot(c: CampaignInfo, d: CampaignDigest) -> None:
     shown = "the ceilings drawn as the line" if d.ceilings else "no ceilings stored for this device, so none drawn"
     st.caption(f"each result at its problem's arithmetic intensity (the family's work model: FLOPs over the least "
                f"bytes moved) and the throughput it reached; each problem's best as a diamond; {shown}. "
-               f"{len(points)} result(s) drawn (at most {MAX_ROOFLINE_POINTS} per problem).")
+               f"{len(points)} result(s) drawn (at most {roofline_per_problem(len(d.problems))} per problem, "
+               "evenly spread over its times).")
 
 
 def effects_plot(c: CampaignInfo) -> None:
@@ -193,10 +194,15 @@ def effects_plot(c: CampaignInfo) -> None:
     if effects.empty:
         st.caption("No ok result yet.")
         return
-    st.altair_chart(charts.effects_chart(effects))
+    values = effects.groupby("param")["value"].transform("size")
+    varied, held = effects[values > 1], effects[values == 1]
+    if not varied.empty:
+        st.altair_chart(charts.effects_chart(varied))
+    held_at = ", ".join(f"{p}={v}" for p, v in zip(held["param"], held["value"], strict=True))
     st.caption("for each parameter value, the ok results' time over the best time of the same problem (1 = the "
                "problem's best): box from the 25th to the 75th percentile, whiskers at the 10th and 90th, tick at "
-               f"the median; recomputed every {data.EFFECTS_TTL_S:.0f} s at most.")
+               f"the median; recomputed every {data.EFFECTS_TTL_S:.0f} s at most."
+               + (f" At one value in every ok result, so not drawn: {md_escape(held_at)}." if held_at else ""))
 
 
 def body(selected: int | None) -> None:
