@@ -292,8 +292,9 @@ def gpu_configs(n: int) -> tuple[Any, list[Any]]:
 
 class Watch:
     """What a campaign on RayExecutor did, from its progress callbacks: when each batch came back
-    and the pipeline's depth then; `stop(elapsed_s, done)` asks the campaign to stop (the person's
-    control: running batches finish, nothing new starts) once it says so."""
+    and the pipeline's depth then; `stop(since_first_s, done)` (seconds since the first batch came
+    back, trials done) asks the campaign to stop (the person's control: running batches finish,
+    nothing new starts) once it says so."""
 
     def __init__(self, executor: Any, store: Store, stop: Callable[[float, int], bool] | None = None) -> None:
         self.executor, self.store, self._stop = executor, store, stop
@@ -308,7 +309,8 @@ class Watch:
         ex = self.executor
         self.stamps.append((now, p.done))
         self.depth.append((ex.in_flight(), len(ex.ready), len(ex.compiling)))
-        if self.stopped_at is None and self._stop is not None and self._stop(now - self.t0, p.done):
+        since = now - self.stamps[0][0]
+        if self.stopped_at is None and self._stop is not None and self._stop(since, p.done):
             self.stopped_at = now
             self.store.set_control(self.campaign_id, "stop")
 
@@ -369,21 +371,27 @@ def run_campaign(name: str, cache: Path, *, workers: int, batch_size: int, confi
         finally:
             executor.close()
             store.close()
-    wall = watch.stamps[-1][0] - watch.t0
-    busy, samples = sampler.busy(watch.t0, watch.stamps[-1][0])
+    traces = executor.traces or []
+    driver_start = min(t.submitted for t in traces) - e0  # the driver's own start (proposers, estimate)
+    first = watch.t0 + driver_start
+    wall = watch.stamps[-1][0] - first
+    busy, samples = sampler.busy(first, watch.stamps[-1][0])
     w0, w1, in_window = watch.window()
     out = {"workers": workers, "batch_size": batch_size, "startup_s": round(startup_s, 3),
            "compile_pool_up_s": pool_up, "compile_workers": executor.pool.size if executor.pool else 0,
+           "driver_start_s": round(driver_start, 3), "target": executor.target,
            "trials": len(results), "wall_s": round(wall, 3), "trials_per_s": len(results) / wall,
-           "first_result_s": round(watch.stamps[0][0] - watch.t0, 3),
+           "first_result_s": round(watch.stamps[0][0] - first, 3),
            "steady": {"window_s": round(w1 - w0, 3), "trials": in_window,
                       "trials_per_s": in_window / (w1 - w0) if w1 > w0 else None},
            "gpu_busy": busy, "gpu_busy_samples": samples,
            "statuses": dict(Counter(str(r.status) for r in results)),
-           "orchestration_ms_per_trial": (wall - executor.waited_s) / len(results) * 1e3,
+           "orchestration_ms_per_trial": (watch.stamps[-1][0] - watch.t0 - executor.waited_s) / len(results) * 1e3,
            "gpu_process_compiles_total": _sum_or_none(i.compiles for i in infos),
            "pipeline_depth": _depth(watch.depth)}
-    out |= breakdown(executor.traces or [], results, e0, e0 + wall)
+    out |= breakdown(traces, results, e0 + driver_start, e0 + driver_start + wall)
+    log.info("%s: %d trials in %.1f s (%.2f/s; steady %.2f/s), start-up %.1f s, driver start %.1f s", name,
+             len(results), wall, len(results) / wall, out["steady"]["trials_per_s"] or 0, startup_s, driver_start)
     return out
 
 
@@ -470,6 +478,8 @@ def arm_pool(configs: list[Any], problem: Any, target: Any, cache: Path) -> dict
     finally:
         pool.close()
     ms = [o.compile_ms for o in outcomes]
+    log.info("compile pool: %d configs in %.1f s on %d workers (%.1f/s)", len(configs), wall, len(infos),
+             len(configs) / wall)
     return {"workers": len(infos), "startup_s": round(startup, 3), "configs": len(configs), "wall_s": round(wall, 3),
             "configs_per_s": len(configs) / wall, "compile_ms": {"median": round(statistics.median(ms), 1),
                                                                   "mean": round(statistics.fmean(ms), 1),
@@ -496,6 +506,7 @@ def arm_inline(problem: Any, configs: list[Any], cache: Path) -> dict[str, Any]:
     finally:
         ray.kill(worker)
     busy, samples = sampler.busy(t0, t1)
+    log.info("inline: %d trials in %.1f s (%.2f/s)", len(results), t1 - t0, len(results) / (t1 - t0))
     compile_ms = [r.compile_ms for r in results if r.compile_ms is not None]
     return {"startup_s": round(startup, 3), "trials": len(results), "wall_s": round(t1 - t0, 3),
             "trials_per_s": len(results) / (t1 - t0), "gpu_busy": busy, "gpu_busy_samples": samples,
@@ -512,7 +523,7 @@ def part_gpu(args: argparse.Namespace) -> dict[str, Any]:
     problem, configs = gpu_configs(args.configs)
     with tempfile.TemporaryDirectory() as tmp:
         ahead = run_campaign("ahead", Path(tmp) / "cache-ahead", workers=1, batch_size=args.batch, configs=configs)
-        target = _target()
+        target = ahead.pop("target")
         pool = arm_pool(configs, problem, target, Path(tmp) / "cache-pool") if not args.no_pool else None
         inline = arm_inline(problem, configs, Path(tmp) / "cache-inline")
     ratio = ahead["trials_per_s"] / inline["trials_per_s"]
@@ -527,17 +538,6 @@ def part_gpu(args: argparse.Namespace) -> dict[str, Any]:
             "ratio_trials_per_s": ratio,
             "ratio_steady_trials_per_s": (ahead["steady"]["trials_per_s"] or 0) / inline["trials_per_s"],
             "checks": checks}
-
-
-def _target() -> Any:
-    """The compile target of this machine's GPU, as a worker reports it."""
-    from tilepilot.orchestrator.worker import GPU_WORKER_CPUS, EvalWorker
-
-    worker = EvalWorker.options(num_gpus=1, num_cpus=GPU_WORKER_CPUS).remote("gpu")
-    try:
-        return ray.get(worker.info.remote()).target
-    finally:
-        ray.kill(worker)
 
 
 # ---- part three: one GPU against all of them -------------------------------------------------------
@@ -560,13 +560,17 @@ def part_scale(args: argparse.Namespace) -> dict[str, Any]:
     problems = scale_problems(args.problems)
     with tempfile.TemporaryDirectory() as tmp:
         one = run_campaign("scale-1", Path(tmp) / "cache-1", workers=1, batch_size=args.batch, problems=problems,
-                           budget=ONE_GPU_BUDGET, stop=lambda elapsed, done: elapsed >= args.window_s)
+                           budget=ONE_GPU_BUDGET, stop=lambda since, done: since >= args.window_s)
         rate = one["steady"]["trials_per_s"]
+        if not rate:
+            raise SystemExit(f"the one-GPU arm collected nothing in its window: {one}")
         budget = math.ceil(rate * args.campaign_s / len(problems))
         stop_at = int(STEADY_SHARE * budget * len(problems))
+        one.pop("target")
         many = run_campaign(f"scale-{args.gpus}", Path(tmp) / f"cache-{args.gpus}", workers=args.gpus,
                             batch_size=args.batch, problems=problems, budget=budget,
-                            stop=lambda elapsed, done: done >= stop_at)
+                            stop=lambda since, done: done >= stop_at)
+    many.pop("target")
     ratio = (many["steady"]["trials_per_s"] or 0) / rate
     return {"what": f"the same campaign (random proposer, seed 0, {len(problems)} fp16 matmul problems of one "
                     f"specialisation) on 1 GPU and on {args.gpus}, each from a cold Triton cache; workers and "
