@@ -7,6 +7,7 @@ The browser test (test_dashboard_browser.py) checks the in-place refresh of a re
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -54,6 +55,16 @@ def frames(at: AppTest) -> list:
 
 def texts(at: AppTest) -> list[str]:
     return [t.value for t in at.text]
+
+
+def frame_with(at: AppTest, *columns: str):
+    """The first table of the page that has every one of `columns`."""
+    found = [f for f in frames(at) if set(columns) <= set(f.columns)]
+    assert found, f"no table has the columns {columns}"
+    return found[0]
+
+
+PAST = ("measured", "status")  # the Experiments page's table of past experiments
 
 
 # -- Overview ------------------------------------------------------------------------------------
@@ -380,7 +391,7 @@ def test_queue_page_moves_a_finished_row_to_recently_done(monkeypatch, tmp_path)
 
 def test_experiments_page_lists_every_trial_with_problem_config_and_source(monkeypatch, db):
     at = page(monkeypatch, db, "experiments")
-    table = frames(at)[0]
+    table = frame_with(at, *PAST)
     assert len(table) == 6
     row = table[table["status"] == "out_of_resources"].iloc[0]
     assert row["problem"] == "M=4096 N=4096 K=512 dtype=fp16"
@@ -402,9 +413,50 @@ def test_experiments_page_filters(monkeypatch, db, widget, value, expected):
         at.multiselect(key=widget).set_value(value).run()
     else:
         at.selectbox(key=widget).set_value(value).run()
-    table = frames(at)[0]
+    table = frame_with(at, *PAST)
     assert set(table["proposer"]) == expected
     assert len(table) == {"experiments_status": 1, "experiments_proposer": 2, "experiments_campaign": 2}[widget]
+
+
+def test_experiments_page_filters_by_kernel_and_problem(monkeypatch, db):
+    at = page(monkeypatch, db, "experiments")
+    assert at.selectbox(key="experiments_kernel").options == ["all kernels", fx.KERNEL]
+    problem = at.selectbox(key="experiments_problem")
+    assert problem.options[0] == "all problems" and "M=64 N=8192 K=2048 dtype=bf16" in problem.options
+    problem.set_value(fx.P2.key()).run()
+    table = frame_with(at, *PAST)
+    assert set(table["problem"]) == {"M=64 N=8192 K=2048 dtype=bf16"} and len(table) >= 1
+    assert metrics(at)["Problems"] == "1"
+    at.selectbox(key="experiments_problem").set_value(None).run()
+    at.selectbox(key="experiments_kernel").set_value(fx.KERNEL).run()  # the fixture's only kernel: every trial
+    assert len(frame_with(at, *PAST)) == 6
+    from tilepilot.dashboard import reads
+    handle = reads.open_db(db)
+    assert reads.trial_list(handle, kernel="softmax") == [] and len(reads.trial_list(handle, kernel=fx.KERNEL)) == 6
+
+
+def test_experiments_page_sums_up_every_past_experiment_the_filters_keep(monkeypatch, db):
+    at = page(monkeypatch, db, "experiments")
+    m = metrics(at)
+    past = frame_with(at, *PAST)
+    assert m["Past experiments"] == str(len(past)) and m["OK"] == str((past["status"] == "ok").sum())
+    assert m["Failed"] == str((past["status"] != "ok").sum())
+    assert m["Fastest"] == text.ms(past["median (ms)"].min())
+    at.selectbox(key="experiments_proposer").set_value("rules").run()
+    assert (metrics(at)["Past experiments"], metrics(at)["OK"], metrics(at)["Failed"]) == ("2", "1", "1")
+    assert any(c.value.startswith("by status: ") and "out_of_resources 1" in c.value for c in at.caption)
+
+
+def test_experiments_page_shows_what_runs_now_and_what_is_queued_next(monkeypatch, db):
+    at = page(monkeypatch, db, "experiments")
+    running = frame_with(at, "worker", "state", "started")
+    queued = frame_with(at, "#", "reason")
+    with sqlite3.connect(db) as conn:
+        (in_store,) = conn.execute("SELECT COUNT(*) FROM queue WHERE state IN ('compiling', 'running')").fetchone()
+    assert len(running) == in_store > 0 and len(queued) > 0
+    assert set(running["campaign"]) == {"mm-live"}
+    at.multiselect(key="experiments_status").set_value(["ok"]).run()  # only past experiments have a status
+    assert not [f for f in frames(at) if "worker" in f.columns and "started" in f.columns]
 
 
 def test_experiments_detail_shows_config_rationale_and_message(monkeypatch, db):
@@ -427,14 +479,15 @@ def test_experiments_detail_shows_timing_spread_telemetry_resources_and_how_timi
     assert (m["SM clock"], m["Power"], m["Temperature"]) == ("1710 MHz", "598 W", "69 °C")
     assert (m["Registers / thread"], m["Spills"], m["Max relative error"]) == ("168", "4", "3.25e-04")
     assert m["% of roofline"] == f"{100 * bound_ms(fx.P1) / 0.4321:.0f} %"
-    timing = dict(zip(frames(at)[1]["timing"], frames(at)[1]["value"], strict=True))
+    timing = dict(zip(frame_with(at, "timing")["timing"], frame_with(at, "timing")["value"], strict=True))
     assert timing["p20 – p80"] == f"{0.4321 * 0.995:.4g} ms – {0.4321 * 1.004:.4g} ms"
     assert timing["repetitions"] == "120" and timing["method"] == "cuda-graph"
     assert timing["spread target"] == "1.00 %" and timing["time cap"] == "200 ms"
     assert timing["stopped by"] == "spread reached the target" and timing["GPU time timing it"] == "52.5 ms"
-    hyps = frames(at)[2]
+    hyps = frame_with(at, "hypothesis", "how")
     assert list(hyps["hypothesis"]) == ["H-0000beef"] and list(hyps["how"]) == ["its trial tests it"]
-    tried = frames(at)[3]
+    (tried,) = [f for f in frames(at) if list(f.columns) == ["campaign", "trial", "proposer", "predicted (ms)",
+                                                              "reused", "rationale"]]
     assert list(tried["campaign"]) == ["mm-live"] and list(tried["rationale"]) == [fx.HOSTILE]
 
 
@@ -443,7 +496,7 @@ def test_experiment_detail_names_the_hypotheses_it_is_evidence_for(monkeypatch, 
     at = page(monkeypatch, path, "experiments")
     key_a = ledger.pairs["validated"][0][0]
     at.selectbox(key="experiment_detail").set_value(key_a).run()
-    hyps = frames(at)[2]
+    hyps = frame_with(at, "hypothesis", "how")
     h = ledger.hypotheses["validated"]
     assert set(zip(hyps["hypothesis"], hyps["how"], strict=True)) == {(h.id, "its trial tests it"),
                                                                        (h.id, "supports (as a)")}
@@ -521,7 +574,8 @@ def test_server_command_binds_loopback_by_default():
     assert cmd[cmd.index("--browser.gatherUsageStats") + 1] == "false"
     assert cmd[cmd.index("--client.toolbarMode") + 1] == "viewer"  # no Deploy button
     assert cmd[-3:] == ["--", "--db", "x.db"]
-    assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4].endswith("app.py")
+    assert cmd[1:4] == ["-m", "tilepilot.dashboard.server", "run"] and cmd[4].endswith("app.py")
+    assert cmd[cmd.index("--server.fileWatcherType") + 1] == "none"  # a viewer: no reruns on file changes
 
 
 def test_serve_refuses_a_missing_database_and_a_bad_port(tmp_path):

@@ -20,7 +20,7 @@ import pandas as pd
 import streamlit as st
 
 from tilepilot.dashboard import digest as digest_of
-from tilepilot.dashboard import reads
+from tilepilot.dashboard import reads, trial_stats
 from tilepilot.dashboard.digest import CampaignDigest
 from tilepilot.dashboard.trial_log import TrialLog
 from tilepilot.experiments import DeviceCeilings, InputError
@@ -166,8 +166,24 @@ def queue_events(path: str, campaign_id: int | None = None, limit: int = 50) -> 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)
 def trial_list(path: str, campaign_id: int | None = None, statuses: tuple[str, ...] = (),
-               proposer: str | None = None, limit: int = 500) -> list[reads.TrialListRow]:
-    return reads.trial_list(_db(path), campaign_id=campaign_id, statuses=statuses, proposer=proposer, limit=limit)
+               proposer: str | None = None, limit: int = 500, kernel: str | None = None,
+               problem_key: str | None = None) -> list[reads.TrialListRow]:
+    return reads.trial_list(_db(path), campaign_id=campaign_id, statuses=statuses, proposer=proposer, limit=limit,
+                            kernel=kernel, problem_key=problem_key)
+
+
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def trial_summary(path: str, campaign_ids: tuple[int, ...], problem_key: str | None, statuses: tuple[str, ...],
+                  proposer: str | None) -> trial_stats.Summary:
+    """Counts and times over every trial of `campaign_ids` that the filters keep (see `trial_stats`),
+    from the shared trial log: no query beyond its new trials."""
+    points = [p for cid in campaign_ids for p in trials(path, cid)]
+    return trial_stats.summary(points, problem_key, statuses, proposer)
+
+
+def problem_keys(path: str, campaign_ids: tuple[int, ...]) -> list[str]:
+    """The problems the campaigns' trials ran, in the order first tried."""
+    return list(dict.fromkeys(p.problem_key for cid in campaign_ids for p in trials(path, cid)))
 
 
 @st.cache_data(ttl=TTL_S, show_spinner=False)

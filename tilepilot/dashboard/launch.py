@@ -1,4 +1,5 @@
-"""Start the dashboard: `streamlit run app.py` as a child process, bound to 127.0.0.1 by default."""
+"""Start the dashboard: `streamlit run app.py` (through `server.py`, which warms the caches first) as a child
+process, bound to 127.0.0.1 by default."""
 
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ def command(db: str, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
     if not host:
         raise InputError("host is empty (give an address such as 127.0.0.1)")
     return [
-        sys.executable, "-m", "streamlit", "run", str(APP),
+        sys.executable, "-m", "tilepilot.dashboard.server", "run", str(APP),  # `streamlit run`, see server.py
         "--server.headless", "true",
         "--server.address", host,
         "--server.port", str(port),
         "--browser.gatherUsageStats", "false",
         "--client.toolbarMode", "viewer",
+        "--server.fileWatcherType", "none",
         "--", "--db", str(db),
     ]
 

@@ -1,21 +1,27 @@
-"""Experiments: every trial with its result, filtered by campaign, status and proposer; one in detail
-(config, timings with their spread, telemetry, correctness, compile time, registers and spills where
-known, how the timing stopped, the hypotheses it tested and the campaigns that tried it)."""
+"""Experiments: current (running), future (queued) and past experiments (every trial with its
+result), filtered by campaign, kernel, problem, status and proposer, with summary figures over all
+the past ones the filters keep; one in detail (config, timings with their spread, telemetry,
+correctness, compile time, registers and spills where known, how the timing stopped, the
+hypotheses it tested and the campaigns that tried it)."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from tilepilot.dashboard import data, live, roofline
-from tilepilot.dashboard.reads import ExperimentDetail, HypothesisLink, TrialListRow, TrialOf
-from tilepilot.dashboard.text import clock, ms, num, params, source
-from tilepilot.experiments import Status
+from tilepilot.dashboard.reads import CampaignInfo, ExperimentDetail, HypothesisLink, QueueEntry, TrialListRow, TrialOf
+from tilepilot.dashboard.text import ago, clock, count, ms, num, params, source
+from tilepilot.experiments import Status, canonical_json
 
 LIMIT = 500
+NEXT_SHOWN = 25
 MS = st.column_config.NumberColumn(format="%.4g")
+NOW = {"predicted (ms)": MS}
 # extra fields a worker may store with a result, shown as metrics when present
 RESOURCES = (("n_regs", "Registers / thread"), ("n_spills", "Spills"), ("shared_bytes", "Shared memory (B)"))
 
@@ -134,9 +140,80 @@ def detail(path: str, rows: list[TrialListRow]) -> None:
         st.code(e.message, language=None)
 
 
-def body(campaign_id: int | None, statuses: tuple[str, ...], proposer: str | None) -> None:
+@dataclass(frozen=True)
+class Filters:
+    campaign_id: int | None
+    kernel: str | None
+    problem_key: str | None
+    statuses: tuple[str, ...]
+    proposer: str | None
+
+    def scope(self, summaries: list[CampaignInfo]) -> tuple[int, ...]:
+        """The campaigns the campaign and kernel filters keep."""
+        return tuple(c.id for c in summaries if (self.campaign_id is None or c.id == self.campaign_id)
+                     and (self.kernel is None or c.kernel == self.kernel))
+
+    def keeps(self, q: QueueEntry, scope: tuple[int, ...]) -> bool:
+        """Whether a queue row (running or queued: no result, so no status yet) passes the filters."""
+        return (q.campaign_id in scope and not self.statuses and (self.proposer is None or q.proposer == self.proposer)
+                and (self.problem_key is None or canonical_json(q.problem) == self.problem_key))
+
+
+def summary(path: str, f: Filters, scope: tuple[int, ...]) -> None:
+    s = data.trial_summary(path, scope, f.problem_key, f.statuses, f.proposer)
+    cols = st.columns(6)
+    cols[0].metric("Past experiments", count(s.trials), help="trials with a result that the filters keep")
+    cols[1].metric("OK", count(s.ok))
+    cols[2].metric("Failed", count(s.failed), help="every status but ok (see below)")
+    cols[3].metric("Problems", s.problems)
+    cols[4].metric("Fastest", ms(s.best_ms), help="the fastest ok median among them (any problem)")
+    cols[5].metric("Median time", ms(s.median_ms), help="the median of their ok medians")
+    if s.by_status:
+        st.caption("by status: " + " · ".join(f"{status} {n}" for status, n in s.by_status)
+                   + (f" · {s.reused} answered from an earlier measurement (reused)" if s.reused else ""))
+
+
+def running_table(rows: list[QueueEntry], names: dict[int, str]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "worker": q.worker, "state": q.state, "started": ago(q.started_at), "proposer": q.proposer,
+        "predicted (ms)": q.predicted_ms, "hypothesis": q.hypothesis_id or "", "problem": params(q.problem),
+        "config": params(q.config), "rationale": q.rationale, "campaign": names.get(q.campaign_id, ""),
+    } for q in rows])
+
+
+def queued_table(rows: list[QueueEntry], names: dict[int, str]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "#": i, "proposer": q.proposer, "predicted (ms)": q.predicted_ms, "hypothesis": q.hypothesis_id or "",
+        "problem": params(q.problem), "config": params(q.config), "reason": q.reason, "rationale": q.rationale,
+        "campaign": names.get(q.campaign_id, ""),
+    } for i, q in enumerate(rows, start=1)])
+
+
+def current_and_future(path: str, f: Filters, scope: tuple[int, ...], names: dict[int, str]) -> None:
+    running = [q for q in data.running(path, f.campaign_id) if f.keeps(q, scope)]
+    queued = [q for q in data.queued(path, f.campaign_id, NEXT_SHOWN * 4) if f.keeps(q, scope)][:NEXT_SHOWN]
+    only_past = "A status filter keeps only past experiments (those have a result)."
+    st.markdown(f"**Running now** ({len(running)})")
+    if running:
+        st.dataframe(running_table(running, names), hide_index=True, width="stretch", column_config=NOW)
+    else:
+        st.caption(only_past if f.statuses else "Nothing running matches the filters.")
+    st.markdown(f"**Queued next** ({len(queued)}{' shown' if len(queued) == NEXT_SHOWN else ''})")
+    if queued:
+        st.dataframe(queued_table(queued, names), hide_index=True, width="stretch", column_config=NOW)
+    else:
+        st.caption(only_past if f.statuses else "Nothing queued matches the filters.")
+
+
+def body(f: Filters) -> None:
     path = live.db()
-    rows = data.trial_list(path, campaign_id, statuses, proposer, LIMIT)
+    summaries = data.campaigns(path)
+    scope = f.scope(summaries)
+    names = {c.id: c.name for c in summaries}
+    summary(path, f, scope)
+    current_and_future(path, f, scope, names)
+    st.markdown("**Past experiments**")
+    rows = data.trial_list(path, f.campaign_id, f.statuses, f.proposer, LIMIT, f.kernel, f.problem_key)
     st.caption(f"{len(rows)} experiment(s), newest first" + (f" (the newest {LIMIT})" if len(rows) == LIMIT else ""))
     if not rows:
         st.info("No experiment matches these filters.")
@@ -148,21 +225,46 @@ def body(campaign_id: int | None, statuses: tuple[str, ...], proposer: str | Non
     detail(path, rows)
 
 
-def main() -> None:
-    st.title("Experiments")
-    path = live.db()
+def problem_labels(summaries: list[CampaignInfo], keys: list[str]) -> dict[str, str]:
+    """Problem key -> its label, its parameters in the order the campaign lists them (a key's own
+    JSON sorts them)."""
+    listed = {canonical_json(p): p for c in summaries for p in c.problems}
+    out = {}
+    for key in keys:
+        try:
+            out[key] = params(listed.get(key) or json.loads(key))
+        except ValueError:
+            out[key] = key
+    return out
+
+
+def filters(path: str) -> Filters:
     summaries = data.campaigns(path)
     options: dict[int | None, str] = {None: "all campaigns"}
     options.update({c.id: c.name for c in summaries})
-    cols = st.columns(3)
+    cols = st.columns([1, 1, 2])
     campaign_id = cols[0].selectbox("Campaign", list(options), format_func=options.__getitem__,
                                     key="experiments_campaign")
-    statuses = cols[1].multiselect("Status", [s.value for s in Status], key="experiments_status",
+    kernel = cols[1].selectbox("Kernel", [None, *sorted({c.kernel for c in summaries})], key="experiments_kernel",
+                               format_func=lambda k: "all kernels" if k is None else k)
+    scope = Filters(campaign_id, kernel, None, (), None).scope(summaries)
+    keys = data.problem_keys(path, scope)
+    labels = problem_labels(summaries, keys)
+    problem_key = cols[2].selectbox("Problem", [None, *keys], key="experiments_problem",
+                                    format_func=lambda k: "all problems" if k is None else labels.get(k, k))
+    cols = st.columns([2, 1])
+    statuses = cols[0].multiselect("Status", [s.value for s in Status], key="experiments_status",
                                    placeholder="all statuses")
-    proposer = cols[2].selectbox("Proposer", [None, *data.proposers(path, campaign_id)],
+    proposer = cols[1].selectbox("Proposer", [None, *data.proposers(path, campaign_id)],
                                  key="experiments_proposer",
                                  format_func=lambda p: "all proposers" if p is None else p)
-    live.live(lambda: body(campaign_id, tuple(statuses), proposer))
+    return Filters(campaign_id, kernel, problem_key, tuple(statuses), proposer)
+
+
+def main() -> None:
+    st.title("Experiments")
+    chosen = filters(live.db())
+    live.live(lambda: body(chosen))
 
 
 main()
