@@ -110,6 +110,12 @@ SAMPLE_S = 0.1
 GPU_PROBLEM = {"M": 4096, "N": 4096, "K": 4096, "dtype": "fp16"}
 STEADY_SHARE = 0.95  # the all-GPU arm of --part scale is stopped once this share of its campaign is done
 ONE_GPU_BUDGET = 100_000  # per problem: the one-GPU arm of --part scale is stopped by time, never by budget
+# --part scale searches a part of matmul's space (grouped, persistent and TMA tiles with their
+# defaults otherwise), enough for 16 problems x 500 configs, small enough that the driver's start
+# (which enumerates each problem's valid configs twice) takes seconds, not minutes
+SCALE_SPACE = {"BLOCK_SIZE_M": [64, 128, 256], "BLOCK_SIZE_N": [64, 128, 256], "BLOCK_SIZE_K": [32, 64, 128],
+               "GROUP_SIZE_M": [1, 8], "num_warps": [2, 4, 8], "num_stages": [2, 3, 4, 5],
+               "VARIANT": ["grouped", "persistent", "tma"]}
 
 
 # ---- part one: the driver on a zero-cost executor --------------------------------------------------
@@ -322,11 +328,13 @@ class Watch:
         return self.stamps[0][0], end, inside[-1] - self.stamps[0][1]
 
 
-def campaign_file(folder: Path, name: str, budget: int, problems: list[dict[str, Any]], proposer: str) -> Path:
+def campaign_file(folder: Path, name: str, budget: int, problems: list[dict[str, Any]], proposer: str,
+                  space: dict[str, list[Any]] | None = None) -> Path:
     toml = folder / f"{name}.toml"
     rows = "".join("[[problems]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in p.items()) for p in problems)
+    limits = "[space]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in space.items()) if space else ""
     toml.write_text(f'[campaign]\nname = "{name}"\nkernel = "matmul"\nproposer = "{proposer}"\n'
-                    f"budget = {budget}\nseed = 0\nhypothesis_share = 0\n{rows}")
+                    f"budget = {budget}\nseed = 0\nhypothesis_share = 0\n{limits}{rows}")
     return toml
 
 
@@ -348,7 +356,7 @@ def run_campaign(name: str, cache: Path, *, workers: int, batch_size: int, confi
     family = get_family("matmul")
     with tempfile.TemporaryDirectory() as tmp:
         toml = (campaign_file(Path(tmp), name, len(configs), [GPU_PROBLEM], "grid") if configs is not None
-                else campaign_file(Path(tmp), name, budget, problems or [], "random"))
+                else campaign_file(Path(tmp), name, budget, problems or [], "random", SCALE_SPACE))
         p = plan(Opts(campaign=toml, backend="gpu", db=Path(tmp) / "t.db"))
         s0 = time.perf_counter()
         executor = RayExecutor(family, "gpu", workers=workers, worker_env={"TRITON_CACHE_DIR": str(cache)},
@@ -386,7 +394,7 @@ def run_campaign(name: str, cache: Path, *, workers: int, batch_size: int, confi
                       "trials_per_s": in_window / (w1 - w0) if w1 > w0 else None},
            "gpu_busy": busy, "gpu_busy_samples": samples,
            "statuses": dict(Counter(str(r.status) for r in results)),
-           "orchestration_ms_per_trial": (watch.stamps[-1][0] - watch.t0 - executor.waited_s) / len(results) * 1e3,
+           "orchestration_ms_per_trial": (wall - executor.waited_s) / len(results) * 1e3,
            "gpu_process_compiles_total": _sum_or_none(i.compiles for i in infos),
            "pipeline_depth": _depth(watch.depth)}
     out |= breakdown(traces, results, e0 + driver_start, e0 + driver_start + wall)
@@ -550,6 +558,15 @@ def scale_problems(n: int) -> list[dict[str, Any]]:
     return [{"M": m, "N": nn, "K": k, "dtype": "fp16"} for m, nn, k in shapes[:n]]
 
 
+def scale_valid(problems: list[dict[str, Any]]) -> int:
+    """The fewest valid configs of SCALE_SPACE among the problems."""
+    from tilepilot.experiments import Problem
+    from tilepilot.kernels import get_family
+
+    space = get_family("matmul").space().narrowed(SCALE_SPACE)
+    return min(len(space.valid(Problem.of(p))) for p in problems)
+
+
 def part_scale(args: argparse.Namespace) -> dict[str, Any]:
     from tilepilot.orchestrator.ray_runtime import start_ray
 
@@ -565,6 +582,9 @@ def part_scale(args: argparse.Namespace) -> dict[str, Any]:
         if not rate:
             raise SystemExit(f"the one-GPU arm collected nothing in its window: {one}")
         budget = math.ceil(rate * args.campaign_s / len(problems))
+        if budget > (valid := scale_valid(problems)):
+            log.warning("a budget of %d per problem is more than the %d valid configs of the campaign's space: the "
+                        "campaign ends early; pass more --problems", budget, valid)
         stop_at = int(STEADY_SHARE * budget * len(problems))
         one.pop("target")
         many = run_campaign(f"scale-{args.gpus}", Path(tmp) / f"cache-{args.gpus}", workers=args.gpus,
