@@ -73,3 +73,27 @@ def test_a_truncated_gzip_dataset_is_a_dataset_error(tmp_path: Path) -> None:
     bad.write_bytes(gzip.compress(json.dumps({"kernel": "softmax"}).encode() * 50)[:40])
     with pytest.raises(DatasetError, match="not valid gzip"):
         load_dataset(bad, get_family("softmax"))
+
+
+def test_the_h200_matmul_recording_is_a_full_grid_of_problems_the_h100_grid_lacks(tmp_path: Path) -> None:
+    family = get_family("matmul")
+    h200 = load_dataset(DATA_DIR / "matmul-h200.jsonl.gz", family)
+    h100 = load_dataset(default_dataset("matmul"), family)
+    assert len(h200.problems) >= 6 and not set(h200.problems) & set(h100.problems)
+    for p in h200.problems:
+        records = h200.records(p)
+        assert set(records) == set(h100.records(h100.problems[0])), p.label()  # the same 162 configs
+        ok = [r for r in records.values() if r.median_ms is not None]
+        assert len(ok) >= 100 and {r.env.device for r in ok} == {"NVIDIA H200"}
+        name, timing = h200.baseline(p) or ("", None)
+        assert name == family.baseline_name and timing is not None and timing.median_ms > 0
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('[campaign]\nname = "h"\nkernel = "matmul"\nproposer = "rules"\nbudget = 8\n')
+    tune(TuneOptions(campaign=campaign, backend="replay", dataset=DATA_DIR / "matmul-h200.jsonl.gz",
+                     db=tmp_path / "t.db"))
+    with open_db(tmp_path / "t.db") as db:
+        winners = best(db, campaign="h")
+    assert len(winners) == len(h200.problems)
+    for w in winners:
+        problem = next(p for p in h200.problems if p.key() == w.problem_key)
+        assert w.median_ms == h200.records(problem)[family.space().parse(w.config)].median_ms
