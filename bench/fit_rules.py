@@ -1,7 +1,6 @@
 """Fit the `rules` tile model's constants on chosen problems of a dataset, and show how it ranks.
 
     python bench/fit_rules.py --dataset data/replay/matmul-h100.jsonl [--problems dev|all] [--fit]
-    python bench/fit_rules.py --folds bench/results/rules-constants-4fold.json
 
 Without --fit: how the current constants (agents/tile_model.py `Constants`) rank the configs
 of each chosen problem: the spread of the log-error, where the first config within 2% of the
@@ -10,23 +9,14 @@ Nelder-Mead in log space from the NEUTRAL constants, minimising a pairwise ranki
 loss (see `loss`), then the same report; the printed constants are what `Constants` holds.
 `launch_us` is not fitted: a constant added to every config changes no ranking.
 
-Before the ranking fit, `fit` sets `scalar_regs` (registers per element per thread of an operand
-loaded element by element) from the recorded register counts of the same problems, not from
-their times (`scalar_regs`).
-
 `bench/search.py` calls `fit` once per held-out problem (leave one problem out), so that the
-constants a problem is scored with never saw it. `--folds FILE` writes the constants of 4 folds
-(problem i in fold i mod 4), each fitted on the other three: bench/results/rules-constants-4fold.json,
-which `bench/gpu_campaign.py --constants` and `bench/search.py --protocol folds` read.
+constants a problem is scored with never saw it.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
-import gzip
-import json
 import logging
 import math
 import statistics
@@ -38,8 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilepilot.agents.roofline import gemm_dims
-from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants, estimate, tile_of
+from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants, estimate
 from tilepilot.experiments import Config, Problem
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
@@ -48,7 +37,6 @@ log = logging.getLogger("fit_rules")
 KERNEL = "matmul"
 FITTED = ("mma_half_area", "mma_half_n", "l2_gbps", "sm_gbps", "latency_us", "dup_gbps", "fill_us",
           "scalar_gbps")
-SET = (*FITTED, "scalar_regs")  # what `fit` sets: the FITTED constants and scalar_regs (from register counts)
 # Where every fit starts: round physical values set before any fitting, so a leave-one-out fit
 # carries nothing of its held-out problem.
 NEUTRAL = dataclasses.replace(DEFAULT_CONSTANTS, mma_half_area=4096.0, mma_half_n=32.0, l2_gbps=9000.0,
@@ -64,27 +52,10 @@ class ProblemData:
     configs: tuple[Config, ...]  # fastest first
     times_ms: np.ndarray
     pair_weights: np.ndarray  # [i, j]: weight of ranking config i before config j
-    regs_needed: np.ndarray  # per config: recorded registers per thread + spilled ones (nan: not recorded)
-
-
-def register_counts(path: Path) -> dict[tuple[str, str], int]:
-    """(problem key, config key) -> registers per thread the compiled kernel needed (n_regs +
-    n_spills), from the dataset's lines that recorded them."""
-    opener = gzip.open if path.name.endswith(".gz") else open
-    space = get_family(KERNEL).space()  # configs as the dataset holds them (parameter defaults filled in)
-    out: dict[tuple[str, str], int] = {}
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            if isinstance(row.get("n_regs"), int) and isinstance(row.get("n_spills"), int) and "config" in row:
-                key = (Problem.of(row["problem"]).key(), space.parse(row["config"]).key())
-                out[key] = row["n_regs"] + row["n_spills"]
-    return out
 
 
 def problem_data(dataset: ReplayDataset, problems: Sequence[Problem]) -> list[ProblemData]:
     family = get_family(KERNEL)
-    counts = register_counts(dataset.path)
     out = []
     for p in problems:
         space = dataset.space(family, p)
@@ -93,30 +64,8 @@ def problem_data(dataset: ReplayDataset, problems: Sequence[Problem]) -> list[Pr
         times = np.array([t for t, _ in rows])
         w = np.exp(-3.0 * (times / times[0] - 1.0))  # the order near the optimum matters most
         pairs = (times[None, :] > times[:, None] * MARGIN) * w[:, None]
-        regs = np.array([counts.get((p.key(), c.key()), math.nan) for _, c in rows], dtype=float)
-        out.append(ProblemData(p, tuple(c for _, c in rows), times, pairs, regs))
+        out.append(ProblemData(p, tuple(c for _, c in rows), times, pairs))
     return out
-
-
-def scalar_regs(data: Sequence[ProblemData], k: Constants = NEUTRAL) -> float:
-    """`Constants.scalar_regs` from recorded register counts, not from times: the least-squares
-    registers per element per thread that close the gap between the recorded counts and the
-    model's registers without the element-wise term, over the configs of the problems with an
-    operand loaded element by element (`k.scalar_regs` when none of `data` has one)."""
-    base = dataclasses.replace(k, scalar_regs=0.0)
-    xs: list[float] = []
-    ys: list[float] = []
-    for d in data:
-        dims = gemm_dims(d.problem)
-        assert dims is not None
-        _, n, kk, _ = dims
-        for c, need in zip(d.configs, d.regs_needed, strict=True):
-            t = tile_of(c)
-            if t is None or math.isnan(need) or not (kk % 16 or n % 16):
-                continue
-            xs.append(((t.bm * t.bk if kk % 16 else 0) + (t.bk * t.bn if n % 16 else 0)) / (32 * t.warps))
-            ys.append(need - estimate(d.problem, c, k=base).regs)
-    return float(np.dot(xs, ys) / np.dot(xs, xs)) if xs else k.scalar_regs
 
 
 def loss(data: Sequence[ProblemData], k: Constants) -> float:
@@ -133,15 +82,13 @@ def loss(data: Sequence[ProblemData], k: Constants) -> float:
 
 
 def fit(data: Sequence[ProblemData], start: Constants = NEUTRAL, evals: int = 600) -> Constants:
-    """`scalar_regs` from the recorded register counts of `data` (see `scalar_regs`), then
-    Nelder-Mead over the log of the FITTED constants, each kept within BOUND of NEUTRAL."""
-    start = dataclasses.replace(start, scalar_regs=scalar_regs(data, start))
+    """Nelder-Mead over the log of the FITTED constants, each kept within BOUND of NEUTRAL."""
     x0 = np.log([getattr(start, n) for n in FITTED])
     lo = np.log([getattr(NEUTRAL, n) / BOUND for n in FITTED])
     hi = np.log([getattr(NEUTRAL, n) * BOUND for n in FITTED])
 
     def f(x: np.ndarray) -> float:
-        return loss(data, _constants(np.clip(x, lo, hi), start))
+        return loss(data, _constants(np.clip(x, lo, hi)))
 
     simplex = [x0] + [x0 + np.eye(len(x0))[i] * math.log(2.0) for i in range(len(x0))]
     values = [f(x) for x in simplex]
@@ -168,11 +115,11 @@ def fit(data: Sequence[ProblemData], start: Constants = NEUTRAL, evals: int = 60
         if max(values) - min(values) < 1e-6:
             break
     best = simplex[int(np.argmin(values))]
-    return _constants(np.clip(best, lo, hi), start)
+    return _constants(np.clip(best, lo, hi))
 
 
-def _constants(x: np.ndarray, base: Constants = NEUTRAL) -> Constants:
-    return dataclasses.replace(base, **{n: float(math.exp(v)) for n, v in zip(FITTED, x, strict=True)})
+def _constants(x: np.ndarray) -> Constants:
+    return dataclasses.replace(NEUTRAL, **{n: float(math.exp(v)) for n, v in zip(FITTED, x, strict=True)})
 
 
 def report(data: Sequence[ProblemData], k: Constants) -> None:
@@ -188,22 +135,6 @@ def report(data: Sequence[ProblemData], k: Constants) -> None:
                  statistics.pstdev(errs))
 
 
-def write_folds(ds: ReplayDataset, out: Path, argv: list[str] | None, k: int = 4) -> None:
-    """Constants for each of k folds (problem i in fold i mod k), each fitted on the other folds."""
-    folds = []
-    for i in range(k):
-        held = ds.problems[i::k]
-        train = [p for p in ds.problems if p not in held]
-        constants = fit(problem_data(ds, train))
-        folds.append({"fold": i, "held_out": [p.label() for p in held], "fitted_on": len(train),
-                      "constants": {n: getattr(constants, n) for n in SET}})
-        log.info("fold %d: fitted on %d problems; scalar_regs %.3g", i, len(train), constants.scalar_regs)
-    out.write_text(json.dumps({
-        "what": "rules tile-model constants per fold, each fitted without its fold's problems",
-        "command": " ".join(["python", "bench/fit_rules.py", *(sys.argv[1:] if argv is None else argv)]),
-        "date": dt.date.today().isoformat(), "dataset": ds.path.name, "folds": folds}, indent=1) + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     from search import DEV_PROBLEMS
 
@@ -211,22 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", default="data/replay/matmul-h100.jsonl")
     ap.add_argument("--problems", choices=("dev", "all"), default="dev")
     ap.add_argument("--fit", action="store_true")
-    ap.add_argument("--folds", type=Path, help="write the constants of each of 4 folds, fitted on the other "
-                    "three (the folds of bench/gpu_campaign.py: problem i in fold i mod 4), to this JSON file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     ds = load_dataset(args.dataset, get_family(KERNEL))
     chosen = [p for p in ds.problems if args.problems == "all" or p.label() in DEV_PROBLEMS]
-    if args.folds:
-        write_folds(ds, args.folds, argv)
-        return 0
     data = problem_data(ds, chosen)
     k = DEFAULT_CONSTANTS
     log.info("current constants: loss %.4f on %d problems", loss(data, k), len(data))
     if args.fit:
         k = fit(data)
-        log.info("fitted (loss %.4f): %s, scalar_regs=%.4g", loss(data, k),
-                 ", ".join(f"{n}={getattr(k, n):.4g}" for n in FITTED), k.scalar_regs)
+        log.info("fitted (loss %.4f): %s", loss(data, k), ", ".join(f"{n}={getattr(k, n):.4g}" for n in FITTED))
     report(data, k)
     return 0
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 
 from tests.proposer_toys import ENV, drive
 from tilepilot.agents.base import ProposerContext, SearchState
 from tilepilot.agents.roofline import H100_SXM, problem_roofline
 from tilepilot.agents.rules import RulesProposer
-from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, estimate
+from tilepilot.agents.tile_model import estimate
 from tilepilot.experiments import Config, Param, Problem, Result, SearchSpace, Status, Timing
 from tilepilot.kernels.matmul import pipelined_shared_bytes
 
@@ -164,18 +163,6 @@ def test_a_row_stride_not_divisible_by_16_is_named_and_costs_time() -> None:
     assert estimate(unaligned, c).predicted_ms > 2 * estimate(aligned, c).predicted_ms
     why = RulesProposer(ProposerContext("matmul", unaligned, UNCHECKED, 0, 8)).propose(SearchState(), 1)[0].rationale
     assert "not a multiple of 16: loads of A, B not vectorised" in why
-
-
-def test_element_wise_loads_take_registers_per_element_and_big_tiles_spill() -> None:
-    k = DEFAULT_CONSTANTS
-    aligned = Problem.of({"M": 3000, "N": 5120, "K": 1024, "dtype": "fp16"})
-    both = Problem.of({"M": 3000, "N": 5000, "K": 1000, "dtype": "fp16"})  # A and B element by element
-    small, big = cfg(128, 64, 32, 4, 3), cfg(128, 256, 64, 8, 3)
-    elements = (128 * 32 + 32 * 64) / 128  # of A and B per thread per K step
-    assert estimate(both, small).regs - estimate(aligned, small).regs == pytest.approx(k.scalar_regs * elements)
-    assert estimate(aligned, big).spilled_regs == 0 and estimate(both, big).spilled_regs > 0
-    # the recorded optimum of this shape (128x64x32, 4 warps) beats the big tile in the model too
-    assert estimate(both, small).predicted_ms < estimate(both, big).predicted_ms
 
 
 def test_another_device_is_named_as_an_assumption() -> None:

@@ -53,28 +53,23 @@ class Constants:
     refits them without the problem it scores. Set by hand: `launch_us` (changes no ranking),
     `spill_cost` (spilling configs ran 5-40x slower), `mma_sync_fraction` and the register
     model (Triton's register counts are within ~20 of it; every config it says spills did
-    spill, and no other) for aligned operands. `scalar_regs` is taken from the recorded register
-    counts (not the times) by `bench/fit_rules.scalar_regs`, before the fit: where a row stride is
-    not a multiple of 16, Triton loads the operand element by element and the counts grow by
-    about two registers per element per thread (big tiles spill: 128×256×64 with 8 warps needs
-    431 registers on 3000×5000×1000 fp16).
+    spill, and no other).
     """
 
     mma_half_area: float = 512.0  # per-warpgroup tile area (elements) at which the MMA rate halves
     mma_sync_fraction: float = 0.5  # rate of warp-level MMA (BM < 64 or < 4 warps: no warpgroup MMA)
     reg_overhead: float = 40.0  # registers per thread besides the accumulator and tile pointers
     regs_per_vector: float = 2.0  # registers per 16-byte load a thread issues per stage (a pointer)
-    l2_gbps: float = 8435.0  # operand bandwidth of L2 to all SMs together
-    sm_gbps: float = 76.0  # operand bandwidth one SM can take
-    latency_us: float = 1.471  # memory latency the pipeline's bytes in flight must cover
-    dup_gbps: float = 1164.0  # per distinct row of A: L2 rate for rows re-read when M < BLOCK_SIZE_M
-    scalar_gbps: float = 62.62  # per SM: element-wise loads of an operand that is not vectorised
-    mma_half_n: float = 73.06  # width N of one warpgroup's MMA at which its rate halves
-    fill_us: float = 3.349  # fill and drain of one round of resident tiles (prologue, epilogue)
+    l2_gbps: float = 8342.0  # operand bandwidth of L2 to all SMs together
+    sm_gbps: float = 93.18  # operand bandwidth one SM can take
+    latency_us: float = 1.448  # memory latency the pipeline's bytes in flight must cover
+    dup_gbps: float = 1245.0  # per distinct row of A: L2 rate for rows re-read when M < BLOCK_SIZE_M
+    scalar_gbps: float = 18.23  # per SM: element-wise loads of an operand that is not vectorised
+    mma_half_n: float = 75.15  # width N of one warpgroup's MMA at which its rate halves
+    fill_us: float = 2.849  # fill and drain of one round of resident tiles (prologue, epilogue)
     launch_us: float = 4.0  # fixed cost of a launch as CUDA events see it
     spill_cost: float = 15.0  # time multiplier per fraction of 255 registers spilled
     dram_refetch: float = 1.0  # scale of the wave-by-wave DRAM traffic estimate
-    scalar_regs: float = 2.217  # registers per thread per element of an operand loaded element by element
 
 
 DEFAULT_CONSTANTS = Constants()
@@ -189,10 +184,7 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     threads = 32 * t.warps
     acc = t.bm * t.bn / threads
     vectors = (t.bm * t.bk + t.bk * t.bn) * size / 16 / threads
-    # An operand whose row stride is not a multiple of 16 (see `scalar` below) is loaded element
-    # by element through registers, each element with its own address and predicate.
-    elements = ((t.bm * t.bk if kk % 16 else 0) + (t.bk * t.bn if n % 16 else 0)) / threads
-    regs = acc + k.reg_overhead + k.regs_per_vector * vectors + k.scalar_regs * elements
+    regs = acc + k.reg_overhead + k.regs_per_vector * vectors
     spilled = max(0.0, regs - device.max_regs_per_thread)
     bps = _blocks_per_sm(shared, min(regs, device.max_regs_per_thread), t.warps, device)
     tm, tn, iters = math.ceil(m / t.bm), math.ceil(n / t.bn), math.ceil(kk / t.bk)
