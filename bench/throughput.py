@@ -576,7 +576,7 @@ def part_scale(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit(f"--gpus {args.gpus}: the machine has {gpus} GPU(s)")
     problems = scale_problems(args.problems)
     with tempfile.TemporaryDirectory() as tmp:
-        one = run_campaign("scale-1", Path(tmp) / "cache-1", workers=1, batch_size=args.batch, problems=problems,
+        one = run_campaign("scale-1", Path(tmp) / "cache-one", workers=1, batch_size=args.batch, problems=problems,
                            budget=ONE_GPU_BUDGET, stop=lambda since, done: since >= args.window_s)
         rate = one["steady"]["trials_per_s"]
         if not rate:
@@ -587,7 +587,7 @@ def part_scale(args: argparse.Namespace) -> dict[str, Any]:
                         "campaign ends early; pass more --problems", budget, valid)
         stop_at = int(STEADY_SHARE * budget * len(problems))
         one.pop("target")
-        many = run_campaign(f"scale-{args.gpus}", Path(tmp) / f"cache-{args.gpus}", workers=args.gpus,
+        many = run_campaign(f"scale-{args.gpus}", Path(tmp) / "cache-all", workers=args.gpus,
                             batch_size=args.batch, problems=problems, budget=budget,
                             stop=lambda since, done: done >= stop_at)
     many.pop("target")
