@@ -73,6 +73,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -340,12 +341,12 @@ def campaign_file(folder: Path, name: str, budget: int, problems: list[dict[str,
 
 def run_campaign(name: str, cache: Path, *, workers: int, batch_size: int, configs: list[Any] | None = None,
                  problems: list[dict[str, Any]] | None = None, budget: int = 0,
-                 stop: Callable[[float, int], bool] | None = None) -> dict[str, Any]:
+                 stop: Callable[[float, int], bool] | None = None, keep_db: Path | None = None) -> dict[str, Any]:
     """A campaign through the driver and RayExecutor (compile pool ahead) on `workers` GPUs, from
     a cold Triton cache: `configs` as the campaign file's [[configs]] for GPU_PROBLEM, or the
     random proposer (seed 0) on `problems` with `budget` each. Start-up (workers, compile pool,
     ceilings) is timed apart, before the clock; the clock stops at the last batch collected,
-    before winners are re-measured."""
+    before winners are re-measured. `keep_db`: where to copy the campaign's store afterwards."""
     from tilepilot.kernels import get_family
     from tilepilot.orchestrator.driver import Driver
     from tilepilot.orchestrator.executor import record_ceilings
@@ -379,6 +380,11 @@ def run_campaign(name: str, cache: Path, *, workers: int, batch_size: int, confi
         finally:
             executor.close()
             store.close()
+        if keep_db is not None:
+            keep_db.parent.mkdir(parents=True, exist_ok=True)
+            for suffix in ("", "-wal"):
+                if (db := Path(tmp) / f"t.db{suffix}").exists():
+                    shutil.copyfile(db, Path(f"{keep_db}{suffix}"))
     traces = executor.traces or []
     driver_start = min(t.submitted for t in traces) - e0  # the driver's own start (proposers, estimate)
     first = watch.t0 + driver_start
@@ -589,7 +595,7 @@ def part_scale(args: argparse.Namespace) -> dict[str, Any]:
         one.pop("target")
         many = run_campaign(f"scale-{args.gpus}", Path(tmp) / "cache-all", workers=args.gpus,
                             batch_size=args.batch, problems=problems, budget=budget,
-                            stop=lambda since, done: done >= stop_at)
+                            stop=lambda since, done: done >= stop_at, keep_db=args.keep_db)
     many.pop("target")
     ratio = (many["steady"]["trials_per_s"] or 0) / rate
     return {"what": f"the same campaign (random proposer, seed 0, {len(problems)} fp16 matmul problems of one "
@@ -630,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--problems", type=int, default=8, help="cpu, scale: problems in the campaign")
     parser.add_argument("--store-dir", type=Path, help="where the campaign's SQLite store is written "
                         "(default: the system's temporary folder)")
+    parser.add_argument("--keep-db", type=Path, help="scale: copy the all-GPU arm's store here")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
