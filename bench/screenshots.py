@@ -53,8 +53,9 @@ PAGES = {
     "graph": ("/graph", ("Learnings (", "No campaign in this database")),
     "log": ("/log", ("newest first",)),
 }
-# pages shown with one node of their chart opened: (text in the node's label, text its details show)
-OPEN_NODE = {"graph": ("result: validated", "Verdict history")}
+# pages shown with one node of their chart opened: (texts of a node's label, the first found opened;
+# text its details show): a validated hypothesis, else any hypothesis
+OPEN_NODE = {"graph": (("result: validated", "kind: hypothesis"), "Verdict history")}
 NODE_JS = """(() => {
   const node = Array.from(document.querySelectorAll('[data-testid="stVegaLiteChart"] svg path[aria-label]'))
     .find(p => p.getAttribute('aria-label').includes(%s));
@@ -107,11 +108,13 @@ def shrink(png: bytes, limit: int = MAX_BYTES) -> bytes:
     raise RuntimeError(f"screenshot is {out.tell()} bytes even at 64 colours (limit {limit})")
 
 
-def open_node(browser: Chromium, tab: str, label: str, shows: str) -> None:
-    """Click the first chart node whose label holds `label`, as a user would, and wait for `shows`."""
-    xy = browser.eval(tab, NODE_JS % json.dumps(label))
+def open_node(browser: Chromium, tab: str, labels: tuple[str, ...], shows: str) -> None:
+    """Click the first chart node whose label holds the first of `labels` any node's label holds,
+    as a user would, and wait for `shows`."""
+    xy = next((found for label in labels if (found := browser.eval(tab, NODE_JS % json.dumps(label))) is not None),
+              None)
     if xy is None:
-        log.warning("no node labelled %r to open: the page is taken as it is", label)
+        log.warning("no node labelled any of %r to open: the page is taken as it is", labels)
         return
     for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
         browser.send("Input.dispatchMouseEvent", {"type": kind, "x": xy[0], "y": xy[1], "clickCount": 1,
@@ -122,7 +125,7 @@ def open_node(browser: Chromium, tab: str, label: str, shows: str) -> None:
 
 
 def capture(browser: Chromium, url: str, needles: tuple[str, ...], width: int, height: int,
-            full: bool, node: tuple[str, str] | None = None) -> bytes:
+            full: bool, node: tuple[tuple[str, ...], str] | None = None) -> bytes:
     tab = browser.open(url)
     viewport(browser, tab, width, height)
     wait_any(browser, tab, needles)
