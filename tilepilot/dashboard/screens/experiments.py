@@ -161,7 +161,7 @@ class Filters:
 
 def summary(path: str, f: Filters, scope: tuple[int, ...]) -> None:
     s = data.trial_summary(path, scope, f.problem_key, f.statuses, f.proposer)
-    cols = st.columns(6)
+    cols = st.columns([1, 0.8, 0.8, 0.8, 1.3, 1.3])  # times need the room
     cols[0].metric("Past experiments", count(s.trials), help="trials with a result that the filters keep")
     cols[1].metric("OK", count(s.ok))
     cols[2].metric("Failed", count(s.failed), help="every status but ok (see below)")
