@@ -111,6 +111,7 @@ class HypothesisMiner:
         self.choices = _choices(list(self.spaces.values()))
         self._pairs: dict[tuple[str, str, str, Problem], list[tuple[Config, Config]]] = {}
         self._drawn: dict[str, Counter[tuple[str, ...]]] = {}  # per hypothesis: other parameters' values drawn
+        self._fits: dict[Problem, tuple[list[Observation], dict[tuple[str, Value, Value], float]]] = {}
 
     # ---- statements --------------------------------------------------------------------------
     def mine(self, observations: Sequence[Observation], *, known: Sequence[LedgerEntry],
@@ -122,7 +123,7 @@ class HypothesisMiner:
         for o in observations:
             if o.problem in self.spaces:
                 by_problem.setdefault(o.problem, []).append(o)
-        estimates = {p: self._effects(obs) for p, obs in by_problem.items() if len(obs) >= MIN_OBS}
+        estimates = {p: self._fitted(p, obs) for p, obs in by_problem.items() if len(obs) >= MIN_OBS}
         if not estimates or len(estimates) < MIN_READY * len(self.spaces):
             return []
         min_problems = 2 if len(estimates) >= 2 else 1
@@ -160,6 +161,16 @@ class HypothesisMiner:
                     fast, slow = (a, b) if mean > 0 else (b, a)
                     out.append(_Claim(param, fast, slow, scope, abs(mean), agreement, len(e)))
         return out
+
+    def _fitted(self, problem: Problem, obs: list[Observation]) -> dict[tuple[str, Value, Value], float]:
+        """`_effects(obs)`, fitted again only when the problem's observations changed since the last
+        call (a campaign's driver mines after every batch, and most problems got no new result)."""
+        last = self._fits.get(problem)
+        if last is not None and last[0] == obs:  # the same objects again: compared by identity first
+            return last[1]
+        effects = self._effects(obs)
+        self._fits[problem] = (obs, effects)
+        return effects
 
     def _effects(self, obs: Sequence[Observation]) -> dict[tuple[str, Value, Value], float]:
         """Ridge main effects: log(t(p=b) / t(p=a)) for adjacent values a, b seen in `obs`."""

@@ -42,12 +42,14 @@ from tilepilot.kernels.base import KernelFamily
 from tilepilot.orchestrator.executor import Batch, Executor, record_ceilings
 from tilepilot.orchestrator.hypothesis_hook import HypothesisHook
 from tilepilot.orchestrator.queue_scoring import (
+    KEEP,
     PINNED,
     PROMOTED,
     Entry,
     FailureRegions,
     HypothesisStatus,
     rescore,
+    tier_of,
 )
 from tilepilot.orchestrator.warm_start import Rule, warm_candidates
 from tilepilot.storage import cost
@@ -110,11 +112,13 @@ class Driver:
         proposer_cls = get_proposer(campaign.proposer)
         self.runs: dict[Problem, ProblemRun] = {}
         ledger = LedgerView(store)
+        listed: dict[SearchSpace, ListedSpace] = {}  # problems that share a space share its listings
         for problem in campaign.problems:
-            ctx = ProposerContext(kernel=campaign.kernel, problem=problem, space=spaces[problem],
+            space = listed.setdefault(spaces[problem], ListedSpace.of(spaces[problem]))
+            ctx = ProposerContext(kernel=campaign.kernel, problem=problem, space=space,
                                   seed=campaign.seed, budget=campaign.budget,
                                   device=executor.environment.device, ledger=ledger, members=campaign.members)
-            self.runs[problem] = ProblemRun(problem, spaces[problem], proposer_cls(ctx))
+            self.runs[problem] = ProblemRun(problem, space, proposer_cls(ctx))
         self.candidates: dict[int, Candidate] = {}  # queue id -> candidate, for queued/running rows
         self._next_batch = 0
         self._last_sample = 0.0
@@ -124,6 +128,7 @@ class Driver:
         self._seq = 0  # entries queued so far: each new one goes behind all others (priority -seq)
         self._pinned: set[int] = set()  # queue ids a person pinned (first, whatever the scores)
         self._promoted: set[int] = set()  # queue ids a person moved to the head (left there by re-scoring)
+        self._running: set[int] = set()  # queue ids dispatched and not collected yet
         self._touched: set[Problem] = set()  # problems with results since the queue was last re-scored
         self._failures = FailureRegions(family)
         self._hypothesis_states: dict[str, str] = {}  # this campaign's hypotheses as last re-scored
@@ -265,9 +270,10 @@ class Driver:
                                  data={"configs": []})
 
     def _fill(self) -> None:
+        limit = pending_limit(self.executor, self.batch_size)
         for run in self.runs.values():
             want = min(self.campaign.budget - run.counted - len(run.state.pending) - run.reserved,
-                       self.batch_size * 2 - len(run.state.pending))
+                       limit - len(run.state.pending))
             if run.exhausted or want <= 0:
                 continue
             proposals = run.proposer.propose(run.state, want)
@@ -375,19 +381,19 @@ class Driver:
     # ---- dispatch and collection --------------------------------------------------------
     def _dispatch(self) -> None:
         while self.executor.free_slots() > 0:
-            rows = self.store.queued(self.campaign_id, limit=64)
-            if not rows:
+            heads = self.store.queue_heads(self.campaign_id, limit=64)
+            if not heads:
                 return
-            first = rows[0]
-            picked = [r for r in rows if r.problem_key == first.problem_key][: self.batch_size]
-            problem = self.candidates[first.id].problem
-            batch = Batch(self._next_batch, problem,
-                          tuple(self.candidates[r.id].config for r in picked),
-                          tuple(r.id for r in picked))
+            first = heads[0][1]
+            picked = [qid for qid, problem_key in heads if problem_key == first][: self.batch_size]
+            problem = self.candidates[picked[0]].problem
+            batch = Batch(self._next_batch, problem, tuple(self.candidates[qid].config for qid in picked),
+                          tuple(picked))
             self._next_batch += 1
             with self.store.transaction():
-                for r in picked:
-                    self.store.set_queue_state(r.id, "running")
+                for qid in picked:
+                    self.store.set_queue_state(qid, "running")
+            self._running.update(picked)
             self.store.log_event("started", f"{len(picked)} config(s) of {problem.label()} started",
                                  campaign_id=self.campaign_id)
             self.executor.submit(batch)
@@ -395,11 +401,13 @@ class Driver:
     def _collect(self, timeout_s: float) -> None:
         for batch, results in self.executor.poll(timeout_s):
             self._touched.add(batch.problem)
-            for qid, result in zip(batch.queue_ids, results, strict=True):
-                cand = self.candidates.pop(qid)
-                self._pinned.discard(qid)
-                self._promoted.discard(qid)
-                self._store_result(cand, result, reused=False, queue_id=qid)
+            with self.store.transaction():  # one commit a batch: its results are stored together
+                for qid, result in zip(batch.queue_ids, results, strict=True):
+                    cand = self.candidates.pop(qid)
+                    self._running.discard(qid)
+                    self._pinned.discard(qid)
+                    self._promoted.discard(qid)
+                    self._store_result(cand, result, reused=False, queue_id=qid)
             if self.on_progress:
                 bests = {p: r.state.best() for p, r in self.runs.items()}
                 best_ms = {p: b.median_ms for p, b in bests.items() if b is not None and b.median_ms is not None}
@@ -442,6 +450,8 @@ class Driver:
                 self._rescore_problem(run, statuses)
 
     def _rescore_problem(self, run: ProblemRun, statuses: list[HypothesisStatus]) -> None:
+        if self._rescore_changes_nothing(run, statuses):
+            return
         rows = [r for r in self.store.queued(self.campaign_id, problem_key=run.problem.key())
                 if r.id in self.candidates and r.id not in self._pinned and r.id not in self._promoted]
         if not rows:
@@ -460,6 +470,27 @@ class Driver:
             if out.moves:
                 self.store.log_event("reordered", out.message(run.problem), campaign_id=self.campaign_id,
                                      data=out.data(run.problem))
+
+    def _rescore_changes_nothing(self, run: ProblemRun, statuses: list[HypothesisStatus]) -> bool:
+        """True when re-scoring the problem's queue can neither drop, move nor re-word an entry, so
+        the queue is not read: its proposer predicts nothing (`Proposer.score` not overridden), no
+        queued entry is in a failure region and every one stays in its tier (no hypothesis moves
+        it). Then `rescore` keeps each entry's place and reason, and the reading is all it costs
+        (the whole queue of the problem, after every batch)."""
+        proposer = run.proposer
+        if type(proposer).score is not Proposer.score or "score" in vars(proposer):
+            return False
+        failures = bool(self._failures) and not proposer.exhaustive
+        if not failures and not statuses:
+            return True
+        for qid, cand in self.candidates.items():
+            if cand.problem != run.problem or qid in self._running or qid in self._pinned or qid in self._promoted:
+                continue
+            if failures and self._failures.match(run.problem, cand.config):
+                return False
+            if statuses and tier_of(run.problem, cand.config, cand.hypothesis_id, statuses)[0] != KEEP:
+                return False
+        return True
 
     def _hypothesis_statuses(self) -> list[HypothesisStatus]:
         """This campaign's hypotheses with their latest figures; problems whose entries a verdict
@@ -650,3 +681,34 @@ def _describe(cand: Candidate, result: Result, reused: bool) -> str:
         return f"{what}: {result.timing.median_ms:.4f} ms{origin}"
     return f"{what}: {result.status}{origin}: {result.message[:200]}"
 
+
+
+class ListedSpace(SearchSpace):
+    """A search space that lists each problem's valid configs once and hands out copies: the
+    driver's start (the campaign's estimate), the proposer and the hypothesis miner all list
+    them, and over matmul's full space one listing takes seconds."""
+
+    @classmethod
+    def of(cls, space: SearchSpace) -> ListedSpace:
+        return space if isinstance(space, ListedSpace) else cls(space.params, space.constraints)
+
+    def valid(self, problem: Problem) -> list[Config]:
+        listings: dict[Problem, list[Config]] = self.__dict__.setdefault("_listings", {})
+        if problem not in listings:
+            listings[problem] = super().valid(problem)
+        return list(listings[problem])
+
+
+def pending_limit(executor: Executor, batch_size: int) -> int:
+    """Configs of one problem queued or in flight at most: two batches, or, on an executor that
+    compiles ahead (RayExecutor with a compile pool), what its pipeline holds at once (the
+    pool's compiles, the compiled batches waiting for a GPU and those the workers hold) and a
+    batch more, so that a campaign of one problem alone keeps every compile worker busy."""
+    pool = getattr(executor, "pool", None)
+    if pool is None:
+        return 2 * batch_size
+    from tilepilot.orchestrator.ray_executor import READY_PER_GPU
+
+    gpus = sum(1 for slot in getattr(executor, "slots", ()) if not slot.quarantined)
+    held = (READY_PER_GPU + int(getattr(executor, "per_worker", 1))) * gpus * batch_size
+    return max(2 * batch_size, int(pool.capacity) + held + batch_size)

@@ -10,6 +10,7 @@ for each one validated, ruled out or found inconclusive.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import Counter
 from collections.abc import Sequence
@@ -53,7 +54,8 @@ class HypothesisHook:
         used = Counter(p.key() for p, _ in self._tests)
         for p, run in driver.runs.items():
             run.reserved = max(0, reserve(driver.campaign.budget, driver.campaign.hypothesis_share) - used[p.key()])
-        self._keys: dict[tuple[Problem, Config], str] = {}
+        self._obs: dict[Problem, list[Observation]] = {p: [] for p in driver.runs}  # ok results, in result order
+        self._read: dict[Problem, int] = dict.fromkeys(driver.runs, 0)  # results of each problem turned into _obs
         self._results = -1
         self._asked: set[Problem] = set()
 
@@ -61,11 +63,15 @@ class HypothesisHook:
         n = sum(len(run.state.results) for run in self.d.runs.values())
         if n != self._results:
             self._results = n
-            self._step(final=False)
+            if self._idle():
+                self._asked = set()  # what an empty step leaves (it asks for nothing)
+            else:
+                self._step(final=False)
         self._release()
 
     def finish(self) -> None:
-        self._step(final=True)
+        if not self._idle():
+            self._step(final=True)
 
     def adopt(self, hypotheses: Sequence[Hypothesis]) -> None:
         """Hypotheses a proposer stated (the `llm`): those the lab takes are stored and tested like its
@@ -107,17 +113,29 @@ class HypothesisHook:
             run.reserved -= len(cands)
             d._admit(run, cands)
 
+    def _idle(self) -> bool:
+        """True when a step can do nothing: no hypothesis under test (none to judge or test) and no
+        room to test a new one in any problem (the miner proposes none without room for a pair, and
+        `adopt` takes none): with `hypothesis_share = 0`, or once the reserves are released. The
+        step is skipped then, and the results are not even read."""
+        return not self.lab.active and not any(self._room().values())
+
     def _observations(self) -> list[Observation]:
-        out = []
+        """The ok results of every problem, each problem's in the order they came: only the results
+        that arrived since the last call are read (a result never changes once learned, nor the
+        hypothesis it was queued to test)."""
         for p, run in self.d.runs.items():
-            for config, result in run.state.results.items():
-                key = self._keys.get((p, config))
-                if key is None:
-                    key = self._keys[(p, config)] = self.d._key(p, config)
-                o = Observation.of(key, result, self._tests.get((p, config)))
+            results = run.state.results
+            start = self._read[p]
+            if start == len(results):
+                continue
+            obs = self._obs[p]
+            for config, result in itertools.islice(results.items(), start, None):
+                o = Observation.of(self.d._key(p, config), result, self._tests.get((p, config)))
                 if o is not None:
-                    out.append(o)
-        return out
+                    obs.append(o)
+            self._read[p] = len(results)
+        return [o for obs in self._obs.values() for o in obs]
 
     def _store(self, step: Step) -> None:
         store, cid = self.d.store, self.d.campaign_id

@@ -100,7 +100,7 @@ def rescore(problem: Problem, entries: Sequence[Entry], *, predict: Predict | No
     """The new order of `entries` (see the module docstring); nothing when nothing changes."""
     if not entries:
         return Rescored((), ())
-    tiers: list[tuple[int, str]] = [_tier(problem, e, hypotheses) for e in entries]
+    tiers: list[tuple[int, str]] = [tier_of(problem, e.config, e.hypothesis_id, hypotheses) for e in entries]
     sortable = [i for i, e in enumerate(entries) if tiers[i][0] != KEEP or not _tests_open(e, hypotheses)]
     scores: dict[int, tuple[float, str]] = {}
     if predict is not None and sortable:
@@ -156,10 +156,12 @@ def _tests_open(e: Entry, hypotheses: Sequence[HypothesisStatus]) -> bool:
         h.hypothesis.id == e.hypothesis_id and not h.state.terminal for h in hypotheses)
 
 
-def _tier(problem: Problem, e: Entry, hypotheses: Sequence[HypothesisStatus]) -> tuple[int, str]:
-    """UP, KEEP or DOWN with the reason (empty for KEEP)."""
-    if e.hypothesis_id is not None:
-        h = next((h for h in hypotheses if h.hypothesis.id == e.hypothesis_id), None)
+def tier_of(problem: Problem, config: Config, hypothesis_id: str | None,
+            hypotheses: Sequence[HypothesisStatus]) -> tuple[int, str]:
+    """UP, KEEP or DOWN with the reason (empty for KEEP), for a queued config of `problem` that
+    tests `hypothesis_id` (or none)."""
+    if hypothesis_id is not None:
+        h = next((h for h in hypotheses if h.hypothesis.id == hypothesis_id), None)
         if h is not None:
             return _test_tier(h)
     votes = 0
@@ -168,7 +170,7 @@ def _tier(problem: Problem, e: Entry, hypotheses: Sequence[HypothesisStatus]) ->
         hyp = h.hypothesis
         if h.state is not HypothesisState.VALIDATED or not hyp.scope.contains(problem):
             continue
-        value = e.config.get(hyp.param)
+        value = config.get(hyp.param)
         if _same(value, hyp.a):
             votes += 1
             why.append(f"{hyp.param}={hyp.a}, which validated {hyp.id} says beats {hyp.param}={hyp.b} here")

@@ -340,6 +340,14 @@ class Store:
             [campaign_id, *states, *params, -1 if limit is None else limit])
         return [queue_from_row(r) for r in rows]
 
+    def queue_heads(self, campaign_id: int, *, limit: int) -> list[tuple[int, str]]:
+        """(id, problem_key) of the first `limit` queued rows of the campaign, in `queued`'s order:
+        what the driver needs to pick the next batch, without parsing the rows."""
+        rows = self._rows(
+            "SELECT id, problem_key FROM queue WHERE campaign_id = ? AND state = 'queued' "
+            "ORDER BY pinned DESC, priority DESC, id ASC LIMIT ?", [campaign_id, limit])
+        return [(int(r["id"]), str(r["problem_key"])) for r in rows]
+
     def set_queue_state(self, queue_id: int, state: str, *, worker: str = "",
                         experiment_key: str = "") -> None:
         """Move a queue row to `state`; a non-empty worker or experiment_key is stored too.
