@@ -137,3 +137,24 @@ def test_compile_pool_counts_its_triton_compiles_and_none_on_a_cache_hit(ray_ses
     assert (first.status, again.status) == (Status.OK, Status.OK)
     assert after_one is not None and after_one >= 1  # the kernel (Triton may compile helpers too)
     assert after_two == after_one
+
+
+def test_withdraw_takes_back_what_no_worker_holds_and_the_worker_finishes_its_own(ray_session: None,
+                                                                                  markers: Path) -> None:
+    env = {"TILEPILOT_KERNEL_MODULES": "tests.worker_families", "PYTHONPATH": str(REPO),
+           "TILEPILOT_TEST_MARKERS": str(markers), "TILEPILOT_TEST_SLOW_S": "0.3"}
+    ex = RayExecutor(get_family("test_slow"), "interpret", workers=1, worker_env=env, shared=False)
+    try:
+        for i, tiles in enumerate(TILES):
+            ex.submit(Batch(i, PROBLEM, (cfg(*tiles, "sleep"),), (100 + i,)))
+        back = ex.withdraw()  # a person paused: the third batch waits in the executor, not at the worker
+        assert [b.id for b in back] == [2] and ex.in_flight() == PER_WORKER
+        out: dict[int, list[Any]] = {}
+        deadline = time.monotonic() + 120
+        while ex.in_flight():
+            assert time.monotonic() < deadline
+            out.update({b.id: r for b, r in ex.poll(0.05)})
+        assert ex.withdraw() == []
+    finally:
+        ex.close()
+    assert {i: [r.status for r in rs] for i, rs in out.items()} == {0: [Status.OK], 1: [Status.OK]}

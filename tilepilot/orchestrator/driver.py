@@ -23,6 +23,7 @@ import logging
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -129,6 +130,9 @@ class Driver:
         self._pinned: set[int] = set()  # queue ids a person pinned (first, whatever the scores)
         self._promoted: set[int] = set()  # queue ids a person moved to the head (left there by re-scoring)
         self._running: set[int] = set()  # queue ids dispatched and not collected yet
+        self._admitted: Counter[Problem] = Counter()  # entries queued so far, per problem
+        # per problem, what its queue was last re-scored against: (hypotheses, entries admitted, failure regions)
+        self._scored: dict[Problem, tuple[tuple[HypothesisStatus, ...], int, int]] = {}
         self._touched: set[Problem] = set()  # problems with results since the queue was last re-scored
         self._failures = FailureRegions(family)
         self._hypothesis_states: dict[str, str] = {}  # this campaign's hypotheses as last re-scored
@@ -331,6 +335,7 @@ class Driver:
                                  reasons=[f"in proposal order ({c.proposer})" for c in fresh])
         for qid, cand in zip(ids, fresh, strict=True):
             self.candidates[qid] = cand
+        self._admitted[run.problem] += len(ids)
         self.store.log_event("queued", f"{len(fresh)} config(s) queued for {run.problem.label()} "
                              f"by {fresh[0].proposer}", campaign_id=self.campaign_id)
         if self._failures and not run.proposer.exhaustive:
@@ -452,6 +457,7 @@ class Driver:
     def _rescore_problem(self, run: ProblemRun, statuses: list[HypothesisStatus]) -> None:
         if self._rescore_changes_nothing(run, statuses):
             return
+        self._scored[run.problem] = (tuple(statuses), self._admitted[run.problem], len(self._failures))
         rows = [r for r in self.store.queued(self.campaign_id, problem_key=run.problem.key())
                 if r.id in self.candidates and r.id not in self._pinned and r.id not in self._promoted]
         if not rows:
@@ -475,11 +481,15 @@ class Driver:
         """True when re-scoring the problem's queue can neither drop, move nor re-word an entry, so
         the queue is not read: its proposer predicts nothing (`Proposer.score` not overridden), no
         queued entry is in a failure region and every one stays in its tier (no hypothesis moves
-        it). Then `rescore` keeps each entry's place and reason, and the reading is all it costs
-        (the whole queue of the problem, after every batch)."""
+        it); or, with such a proposer, the queue was re-scored against the same hypotheses and
+        failure regions and no entry joined it since (entries only left: the rest stay in their
+        tiers' order). Then `rescore` keeps each entry's place and reason, and the reading is all
+        it costs (the whole queue of the problem, after every batch)."""
         proposer = run.proposer
         if type(proposer).score is not Proposer.score or "score" in vars(proposer):
             return False
+        if self._scored.get(run.problem) == (tuple(statuses), self._admitted[run.problem], len(self._failures)):
+            return True  # re-scored against the same hypotheses and regions, and only left since: in order
         failures = bool(self._failures) and not proposer.exhaustive
         if not failures and not statuses:
             return True
@@ -521,12 +531,14 @@ class Driver:
         running = self.executor.in_flight()
         if control == "stop" and not self._stopping:
             self._stopping = True
+            back, running = self._withdraw(), self.executor.in_flight()
             self._answer(last, "stop", f"stopping: a person asked; {running} batch(es) running finish first, "
-                         "nothing new starts")
+                         f"nothing new starts{back}")
         elif control == "pause" and not self._paused:
             self._paused = True
+            back, running = self._withdraw(), self.executor.in_flight()
             self._answer(last, "pause", f"paused by a person: nothing new starts; {running} batch(es) running "
-                         "finish")
+                         f"finish{back}")
         elif control != "pause" and self._paused:
             self._paused = False
             self._answer(last, "resume", "resumed by a person")
@@ -535,6 +547,18 @@ class Driver:
                 self._honour(r)
         if requests:
             self._answered = requests[-1].id
+
+    def _withdraw(self) -> str:
+        """Take back from the executor what no worker holds yet: those configs are queued again (they
+        start after a resume, or on `--resume` after a stop). Returns what to add to the message."""
+        batches = self.executor.withdraw()
+        with self.store.transaction():
+            for batch in batches:
+                for qid in batch.queue_ids:
+                    self.store.set_queue_state(qid, "queued")
+                    self._running.discard(qid)
+        configs = sum(len(b.queue_ids) for b in batches)
+        return f"; {configs} config(s) not yet on a worker queued again" if configs else ""
 
     def _answer(self, request: int | None, action: str, message: str, *, queue_id: int | None = None,
                 honoured: bool = True) -> None:

@@ -170,6 +170,12 @@ class Executor(ABC):
         """Worker id -> what it runs now, for the dashboard."""
         return {}
 
+    def withdraw(self) -> list[Batch]:
+        """Take back the submitted batches no worker holds yet (a person paused or stopped the
+        campaign: what runs finishes, nothing new starts); they no longer count as in flight. []
+        where every submitted batch is with a worker at once."""
+        return []
+
     def events(self) -> list[ExecutorEvent]:
         """What happened to the executor's workers since the last call (oldest first); [] by default."""
         return []

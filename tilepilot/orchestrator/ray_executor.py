@@ -200,6 +200,12 @@ class RayExecutor(Executor):
     def in_flight(self) -> int:
         return len(self.compiling) + len(self.ready) + len(self.running_refs) + len(self.settled)
 
+    def withdraw(self) -> list[Batch]:
+        """The batches compiling or compiled and waiting for a worker; a worker's batches (the one
+        it runs and the next it holds) stay. Their compiles go on and warm the cache."""
+        back, self.compiling, self.ready = self.compiling + self.ready, [], []
+        return [p.batch for p in back]
+
     def submit(self, batch: Batch) -> None:
         pending = _Pending(batch)
         if self.pool is None or self.target is None:
