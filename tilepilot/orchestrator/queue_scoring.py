@@ -218,6 +218,10 @@ class FailureRegions:
     def __bool__(self) -> bool:
         return bool(self._exact)
 
+    def __len__(self) -> int:
+        """Regions known: each new one adds an exact region."""
+        return len(self._exact)
+
     def learn(self, result: Result) -> bool:
         """Take in a result; True when it marks a new region."""
         if result.status not in self.STATUSES:

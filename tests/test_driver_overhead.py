@@ -1,0 +1,199 @@
+"""The driver's per-batch work is proportional to what arrived, and changes no decision.
+
+The equivalence tests run the same replay campaign on the shipped H100 matmul recording twice:
+as it runs, and with every shortcut turned off (the hook re-reads every result and always
+steps the lab, the miner refits every problem, the queue is read and re-scored after every
+batch), and compare what each stored: the queue with its priorities and reasons, the events,
+the hypotheses and verdicts, the trials and the winners.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.replay_fixture import write_campaign
+from tests.test_queue_rescore import write_twins
+from tilepilot.agents.hypotheses import HypothesisLab
+from tilepilot.agents.miner import HypothesisMiner
+from tilepilot.experiments import Campaign, Candidate, Config, Param, Problem, SearchSpace
+from tilepilot.orchestrator import driver as driver_mod
+from tilepilot.orchestrator.driver import Driver, ListedSpace, pending_limit
+from tilepilot.orchestrator.hypothesis_hook import HypothesisHook
+from tilepilot.orchestrator.tune import TuneOptions, tune
+from tilepilot.storage.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASET = ROOT / "data" / "replay" / "matmul-h100.jsonl"
+# three recorded problems: enough results for the miner to state, test and decide hypotheses
+PROBLEMS = [{"M": 16, "N": 4096, "K": 4096, "dtype": "bf16"}, {"M": 4096, "N": 4096, "K": 4096, "dtype": "fp16"},
+            {"M": 32, "N": 8192, "K": 8192, "dtype": "bf16"}]
+
+
+def _campaign(path: Path, proposer: str, budget: int, share: float) -> Path:
+    rows = "".join("\n[[problems]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in p.items()) for p in PROBLEMS)
+    path.write_text(f'[campaign]\nname = "overhead"\nkernel = "matmul"\nproposer = "{proposer}"\nbudget = {budget}\n'
+                    f"seed = 2\nhypothesis_share = {share}\n{rows}")
+    return path
+
+
+def _run(tmp: Path, proposer: str, budget: int, share: float) -> dict[str, Any]:
+    tmp.mkdir()
+    db = tmp / "t.db"
+    tune(TuneOptions(campaign=_campaign(tmp / "c.toml", proposer, budget, share), backend="replay",
+                     dataset=DATASET, db=db, cold=True))
+    con = sqlite3.connect(db)
+    try:
+        def q(sql: str) -> list[tuple[Any, ...]]:
+            return con.execute(sql).fetchall()
+        return {
+            "queue": q("SELECT id, problem_key, config_key, priority, reason, state, hypothesis_id FROM queue "
+                       "ORDER BY id"),
+            "trials": q("SELECT experiment_key, hypothesis_id, reused FROM trials ORDER BY id"),
+            "events": q("SELECT kind, message, data FROM events WHERE kind != 'campaign_started' ORDER BY id"),
+            "hypotheses": q("SELECT id, param, text, rationale FROM hypotheses ORDER BY rowid"),
+            "verdicts": q("SELECT hypothesis_id, state, pairs, wins, losses, effect, reason FROM verdicts "
+                          "ORDER BY rowid"),
+            "winners": q("SELECT problem_key, experiment_key, runner_up_key, margin FROM winners ORDER BY problem_key"),
+        }
+    finally:
+        con.close()
+
+
+def _without_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Driver, "_rescore_changes_nothing", lambda self, run, statuses: False)
+    monkeypatch.setattr(HypothesisHook, "_idle", lambda self: False)
+    monkeypatch.setattr(HypothesisMiner, "_fitted", lambda self, problem, obs: self._effects(obs))
+    incremental = HypothesisHook._observations
+
+    def every_result(self: HypothesisHook) -> list[Any]:
+        self._obs = {p: [] for p in self._obs}
+        self._read = dict.fromkeys(self._read, 0)
+        return incremental(self)
+
+    monkeypatch.setattr(HypothesisHook, "_observations", every_result)
+
+
+@pytest.mark.parametrize(("proposer", "budget", "share", "shows"), [
+    ("random", 60, 0.25, ("verdict", "reordered")),  # hypotheses move the queue
+    ("rules", 30, 0.3, ("reordered",)),  # predictions move it
+    ("random", 30, 0.0, ()),
+])
+def test_shortcuts_change_no_proposal_order_verdict_or_winner(tmp_path, monkeypatch, proposer, budget, share, shows):
+    fast = _run(tmp_path / "fast", proposer, budget, share)
+    _without_shortcuts(monkeypatch)
+    slow = _run(tmp_path / "slow", proposer, budget, share)
+    for part in fast:
+        assert fast[part] == slow[part], part
+    kinds = {kind for kind, _, _ in fast["events"]}
+    assert set(shows) <= kinds, "the campaign did not exercise what the comparison is about"
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25])
+def test_shortcuts_change_no_drop_for_a_failure_region(tmp_path, monkeypatch, share):
+    """Two synthetic problems of one specialisation whose biggest tiles run out of shared memory:
+    queued configs in that region are dropped unmeasured."""
+    dataset = write_twins(tmp_path / "twins.jsonl")
+
+    def run(name: str) -> list[tuple[Any, ...]]:
+        (tmp_path / name).mkdir()
+        campaign = write_campaign(tmp_path / name / "c.toml", proposer="random", budget=64,
+                                  extra=f"hypothesis_share = {share}\n")
+        tune(TuneOptions(campaign=campaign, backend="replay", dataset=dataset, db=tmp_path / name / "t.db", cold=True))
+        con = sqlite3.connect(tmp_path / name / "t.db")
+        try:
+            return (con.execute("SELECT id, config_key, priority, reason, state FROM queue ORDER BY id").fetchall()
+                    + con.execute("SELECT kind, message FROM events WHERE kind != 'campaign_started' "
+                                  "ORDER BY id").fetchall())
+        finally:
+            con.close()
+
+    fast = run("fast")
+    _without_shortcuts(monkeypatch)
+    assert fast == run("slow")
+    assert any(row[0] == "dropped" for row in fast)
+
+
+def test_share_zero_never_steps_the_lab(tmp_path, monkeypatch):
+    steps: list[int] = []
+    step = HypothesisLab.step
+    monkeypatch.setattr(HypothesisLab, "step", lambda self, *a, **kw: steps.append(1) or step(self, *a, **kw))
+    _run(tmp_path / "zero", "random", 20, 0.0)
+    assert steps == []
+    _run(tmp_path / "share", "random", 20, 0.25)
+    assert steps
+
+
+def test_queue_is_not_read_to_rescore_when_nothing_can_move(tmp_path, monkeypatch):
+    reads: list[str] = []
+    queued = Store.queued
+
+    def counted(self: Store, campaign_id: int, **kw: Any) -> Any:
+        if kw.get("problem_key") is not None:
+            reads.append(kw["problem_key"])
+        return queued(self, campaign_id, **kw)
+
+    monkeypatch.setattr(Store, "queued", counted)
+    _run(tmp_path / "random", "random", 20, 0.0)  # no predictions, no hypotheses
+    assert reads == []
+    _run(tmp_path / "rules", "rules", 20, 0.0)  # its predictions change with every result
+    assert reads
+
+
+def test_valid_configs_listed_once_per_problem(tmp_path, monkeypatch):
+    listed: list[Problem] = []
+    valid = SearchSpace.valid
+    monkeypatch.setattr(SearchSpace, "valid", lambda self, problem: listed.append(problem) or valid(self, problem))
+    _run(tmp_path / "c", "random", 30, 0.25)  # the estimate, the proposer and the miner's draws all list them
+    assert sorted(p.key() for p in listed) == sorted(Problem.of(p).key() for p in PROBLEMS)
+
+
+def test_listed_space_hands_out_copies_of_one_listing():
+    space = SearchSpace((Param("a", (1, 2, 3)), Param("b", (1, 2))),
+                        (lambda c, p: "too big" if c["a"] * c["b"] > 4 else None,))
+    listed = ListedSpace.of(space)
+    problem = Problem.of({"M": 1})
+    first = listed.valid(problem)
+    first.clear()  # a caller's copy: the listing stays whole
+    assert listed.valid(problem) == space.valid(problem) == [Config.of({"a": a, "b": b})
+                                                             for a, b in ((1, 1), (1, 2), (2, 1), (2, 2), (3, 1))]
+    assert ListedSpace.of(listed) is listed
+
+
+def test_pending_limit_scales_with_the_compile_pool():
+    assert pending_limit(SimpleNamespace(), 4) == 8  # replay, interpret: two batches
+    assert pending_limit(SimpleNamespace(pool=None), 4) == 8
+    slot = SimpleNamespace(quarantined=False)
+    ray_like = SimpleNamespace(pool=SimpleNamespace(capacity=15), slots=[slot, slot, SimpleNamespace(quarantined=True)],
+                               per_worker=2)
+    from tilepilot.orchestrator.ray_executor import READY_PER_GPU
+
+    # the pool's compiles, READY_PER_GPU compiled batches waiting and per_worker held, per usable GPU, and a batch
+    assert pending_limit(ray_like, 4) == 15 + (READY_PER_GPU + 2) * 2 * 4 + 4
+    assert pending_limit(SimpleNamespace(pool=SimpleNamespace(capacity=0), slots=[], per_worker=2), 4) == 8
+
+
+def test_queue_heads_follow_the_dispatch_order(tmp_path):
+    store = Store(tmp_path / "q.db")
+    try:
+        problems = [Problem.of(p) for p in PROBLEMS[:2]]
+        campaign = Campaign(name="q", kernel="matmul", proposer="random", budget=4, seed=0, problems=tuple(problems))
+        cid = store.create_campaign(campaign, backend="replay", dataset="", device="d")
+        cands = [Candidate(problems[i % 2], Config.of({"BLOCK_SIZE_M": 16 * (i + 1)}), "t", "") for i in range(6)]
+        ids = store.enqueue(cid, cands, priorities=[-1.0, -2.0, 5.0, -4.0, -5.0, 5.0], reasons=[""] * 6)
+        store.pin_queued(ids[4], priority=0.0, reason="pinned")
+        store.set_queue_state(ids[0], "running")
+        heads = store.queue_heads(cid, limit=4)
+        assert heads == [(r.id, r.problem_key) for r in store.queued(cid, limit=4)]
+        assert [qid for qid, _ in heads] == [ids[4], ids[2], ids[5], ids[1]]
+    finally:
+        store.close()
+
+
+def test_driver_module_keeps_ray_out_of_replay():
+    assert "ray" not in vars(driver_mod)
