@@ -314,11 +314,16 @@ def test_gpus_page_says_no_gpu_visible_without_samples(monkeypatch, tmp_path):
     assert at.info[0].value.startswith("No GPU visible")
 
 
-def test_gpus_page_says_no_gpu_visible_when_samples_are_old(monkeypatch, tmp_path):
+def test_gpus_page_says_no_gpu_visible_now_and_shows_the_last_readings_when_samples_are_old(monkeypatch, tmp_path):
     campaign = fx.build(tmp_path / "dash.db", gpus=False)
     fx.add_gpu_samples(campaign.store, now=time.time() - 2 * data.GPU_WINDOW_S)
     at = page(monkeypatch, tmp_path / "dash.db", "gpus")
-    assert at.info[0].value.startswith("No GPU visible")
+    assert at.info[0].value.startswith("No GPU visible now")
+    assert "the last readings the store holds, up to 10 min ago" in at.info[0].value
+    assert [s.value for s in at.subheader] == ["Node node-a · 2 GPU(s)", "Node node-b · 2 GPU(s)"]
+    assert [(m.label, m.value) for m in at.metric][:2] == [("Utilisation", "91 %"), ("Memory (of 80 GiB)", "40.0 GiB")]
+    assert any(c.value.startswith("4 GPU(s) on 2 node(s) · NVML readings of the last recorded 5 minutes")
+               for c in at.caption)
 
 
 # -- Queue -------------------------------------------------------------------------------------

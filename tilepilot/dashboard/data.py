@@ -204,6 +204,15 @@ def gpu_samples(path: str, window_s: float = GPU_WINDOW_S) -> dict[str, list[Gpu
     return queries.latest_gpu_samples(_db(path), window_s=window_s)
 
 
+@st.cache_data(ttl=TTL_S, show_spinner=False)
+def last_gpu_samples(path: str, window_s: float = GPU_WINDOW_S) -> dict[str, list[GpuSampleRow]]:
+    """The `window_s` seconds of samples up to the store's newest one ({} when it holds none): what
+    the GPUs did when the store last saw them, for a store whose campaigns have ended."""
+    db = _db(path)
+    last = queries.last_gpu_sample_ts(db)
+    return {} if last is None else queries.latest_gpu_samples(db, window_s=window_s, now=last)
+
+
 # Choices for filters: cached longer.
 
 @st.cache_data(ttl=30, show_spinner=False)

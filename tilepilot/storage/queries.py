@@ -341,3 +341,8 @@ def latest_gpu_samples(db: ReadOnlyDB, *, window_s: float = 300,
                      [since]):
         out.setdefault(r["gpu_uuid"], []).append(GpuSampleRow(**r))
     return out
+
+
+def last_gpu_sample_ts(db: ReadOnlyDB) -> float | None:
+    """When the store last saw a GPU (its newest NVML sample), or None when it holds none."""
+    return db.rows("SELECT MAX(ts) AS ts FROM gpu_samples")[0]["ts"]

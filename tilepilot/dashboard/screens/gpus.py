@@ -75,10 +75,15 @@ def card(samples: list[GpuSampleRow], running: list[QueueEntry], campaigns: dict
 
 def body() -> None:
     path = live.db()
-    gpus = data.gpu_samples(path)
+    gpus, when = data.gpu_samples(path), "last"
     if not gpus:
-        st.info(f"{NO_GPU}: {NO_GPU_WHY}")
-        return
+        gpus, when = data.last_gpu_samples(path), "last recorded"
+        if not gpus:
+            st.info(f"{NO_GPU}: {NO_GPU_WHY}")
+            return
+        newest = max(samples[-1].ts for samples in gpus.values())
+        st.info(f"{NO_GPU} now: {NO_GPU_WHY} Below: the last readings the store holds, up to "
+                f"{ago(newest)}.")
     by_worker: dict[str, list[QueueEntry]] = {}
     for q in data.running(path):
         by_worker.setdefault(q.worker, []).append(q)
@@ -86,7 +91,7 @@ def body() -> None:
     nodes: dict[str, list[list[GpuSampleRow]]] = {}
     for samples in gpus.values():
         nodes.setdefault(samples[-1].node, []).append(samples)
-    st.caption(f"{len(gpus)} GPU(s) on {len(nodes)} node(s) · NVML readings of the last "
+    st.caption(f"{len(gpus)} GPU(s) on {len(nodes)} node(s) · NVML readings of the {when} "
                f"{data.GPU_WINDOW_S / 60:.0f} minutes, drawn under each reading")
     seen: set[str] = set()
     for node, cards in sorted(nodes.items()):
