@@ -13,8 +13,8 @@ page's own content (not the loading skeleton), lets the charts draw, on the know
 clicks a validated hypothesis to open its details, grows the window to the page's full height
 and writes `OUT/dashboard-<page>.png`, optimised to stay under `MAX_BYTES`.
 
-The GPUs page shows the NVML samples of the last 5 minutes only: run this within 5 minutes of
-the campaign's end to see the GPU cards, later it shows the page's "No GPU visible" state.
+The GPUs page shows the NVML samples of the last 5 minutes; for a store older than that it says
+no GPU is visible now and draws the last 5 minutes of samples the store holds.
 """
 
 from __future__ import annotations
