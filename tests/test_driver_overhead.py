@@ -174,7 +174,10 @@ def test_pending_limit_scales_with_the_compile_pool():
     from tilepilot.orchestrator.ray_executor import READY_PER_GPU
 
     # the pool's compiles, READY_PER_GPU compiled batches waiting and per_worker held, per usable GPU, and a batch
-    assert pending_limit(ray_like, 4) == 15 + (READY_PER_GPU + 2) * 2 * 4 + 4
+    pipeline = 15 + (READY_PER_GPU + 2) * 2 * 4
+    assert pending_limit(ray_like, 4) == pipeline + 4
+    assert pending_limit(ray_like, 4, problems=3) == -(-pipeline // 3) + 4  # shared by the problems searching
+    assert pending_limit(ray_like, 4, problems=64) == 8  # never below two batches
     assert pending_limit(SimpleNamespace(pool=SimpleNamespace(capacity=0), slots=[], per_worker=2), 4) == 8
 
 

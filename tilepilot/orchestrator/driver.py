@@ -274,7 +274,8 @@ class Driver:
                                  data={"configs": []})
 
     def _fill(self) -> None:
-        limit = pending_limit(self.executor, self.batch_size)
+        active = sum(1 for run in self.runs.values() if not run.exhausted and run.counted < self.campaign.budget)
+        limit = pending_limit(self.executor, self.batch_size, problems=active)
         for run in self.runs.values():
             want = min(self.campaign.budget - run.counted - len(run.state.pending) - run.reserved,
                        limit - len(run.state.pending))
@@ -723,16 +724,18 @@ class ListedSpace(SearchSpace):
         return list(listings[problem])
 
 
-def pending_limit(executor: Executor, batch_size: int) -> int:
-    """Configs of one problem queued or in flight at most: two batches, or, on an executor that
-    compiles ahead (RayExecutor with a compile pool), what its pipeline holds at once (the
-    pool's compiles, the compiled batches waiting for a GPU and those the workers hold) and a
-    batch more, so that a campaign of one problem alone keeps every compile worker busy."""
+def pending_limit(executor: Executor, batch_size: int, *, problems: int = 1) -> int:
+    """Configs of one problem queued or in flight at most: two batches; on an executor that
+    compiles ahead (RayExecutor with a compile pool), the problem's share of what the pipeline
+    holds at once (the pool's compiles, the compiled batches waiting for a GPU and those the
+    workers hold) and a batch more, if that is more: so that the `problems` still searching,
+    even one alone, keep every compile worker busy, and no proposer runs further ahead of its
+    results than that."""
     pool = getattr(executor, "pool", None)
     if pool is None:
         return 2 * batch_size
     from tilepilot.orchestrator.ray_executor import READY_PER_GPU
 
     gpus = sum(1 for slot in getattr(executor, "slots", ()) if not slot.quarantined)
-    held = (READY_PER_GPU + int(getattr(executor, "per_worker", 1))) * gpus * batch_size
-    return max(2 * batch_size, int(pool.capacity) + held + batch_size)
+    pipeline = int(pool.capacity) + (READY_PER_GPU + int(getattr(executor, "per_worker", 1))) * gpus * batch_size
+    return max(2 * batch_size, -(-pipeline // max(1, problems)) + batch_size)
