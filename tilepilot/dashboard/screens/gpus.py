@@ -21,6 +21,7 @@ NO_GPU_WHY = (f"no NVML sample in the last {data.GPU_WINDOW_S / 60:.0f} minutes.
               "one every few seconds while a campaign runs on the gpu backend; the interpret "
               "and replay backends use no GPU and store none.")
 PER_ROW = 2
+READINGS_PER_ROW = 3
 # label, unit, digits, how to read the value from a sample
 READINGS: tuple[tuple[str, str, int, Callable[[GpuSampleRow], float | None]], ...] = (
     ("Utilisation", "%", 0, lambda s: s.util_pct),
@@ -59,11 +60,12 @@ def card(samples: list[GpuSampleRow], running: list[QueueEntry], campaigns: dict
     with st.container(border=True):
         st.markdown(f"**GPU {last.gpu_index} · {md_escape(last.name)}** · node {md_escape(last.node)}")
         st.caption(f"{md_escape(last.gpu_uuid)} · last sample {ago(last.ts)} · {len(samples)} sample(s) drawn")
-        cols = st.columns(len(READINGS))
-        for col, (label, unit, digits, read) in zip(cols, READINGS, strict=True):
-            values = [v for v in (read(s) for s in samples) if v is not None]
-            col.metric(_label(label, last), num(read(last), unit, digits),
-                       chart_data=values if len(values) > 1 else None, chart_type="line")
+        for row in range(0, len(READINGS), READINGS_PER_ROW):  # rows of three: a half-width card fits them
+            cols = st.columns(READINGS_PER_ROW)
+            for col, (label, unit, digits, read) in zip(cols, READINGS[row:row + READINGS_PER_ROW], strict=False):
+                values = [v for v in (read(s) for s in samples) if v is not None]
+                col.metric(_label(label, last), num(read(last), unit, digits),
+                           chart_data=values if len(values) > 1 else None, chart_type="line")
         st.text(throttling(samples))
         st.text(f"worker: {last.worker or '—'}")
         if running:
