@@ -200,3 +200,50 @@ def test_queue_heads_follow_the_dispatch_order(tmp_path):
 
 def test_driver_module_keeps_ray_out_of_replay():
     assert "ray" not in vars(driver_mod)
+
+
+def _effects_from_scratch(miner: HypothesisMiner, obs: list[Any]) -> dict[Any, float]:
+    """The miner's fit as it was written before it read incrementally (the reference)."""
+    import itertools
+
+    import numpy as np
+
+    from tilepilot.agents.miner import RIDGE, _same
+
+    cols = [(p, v) for p, values in miner.choices.items() for v in values
+            if any(_same(o.config.get(p), v) for o in obs)]
+    x = np.array([[1.0 if _same(o.config.get(p), v) else 0.0 for p, v in cols] for o in obs])
+    y = np.log([o.median_ms for o in obs])
+    x -= x.mean(axis=0)
+    y -= y.mean()
+    beta = np.linalg.solve(x.T @ x + RIDGE * np.eye(len(cols)), x.T @ y)
+    index = {(p, repr(v)): i for i, (p, v) in enumerate(cols)}
+    out = {}
+    for p, values in miner.choices.items():
+        for a, b in itertools.pairwise(values):
+            ia, ib = index.get((p, repr(a))), index.get((p, repr(b)))
+            if ia is not None and ib is not None:
+                out[(p, a, b)] = float(beta[ib] - beta[ia])
+    return out
+
+
+def test_incremental_fit_is_bit_identical_to_a_fit_from_scratch():
+    import random
+
+    from tests import hypothesis_fixture as fx
+
+    grid = fx.grid_observations()
+    problems = list(dict.fromkeys(o.problem for o in grid))
+    space = SearchSpace(tuple(Param(k, v) for k, v in fx.GRID.items()))
+    miner = HypothesisMiner(kernel="matmul", device=fx.DEVICE, origin="t", spaces={p: space for p in problems})
+    rng = random.Random(0)
+    for p in problems[:3]:
+        mine = [o for o in grid if o.problem == p]
+        rng.shuffle(mine)
+        grown: list[Any] = []
+        assert len(mine) >= 24
+        for n in (4, 5, 9, 9, 17, 18, len(mine)):
+            grown = grown + mine[len(grown):n]  # a new list each time, as the driver's hook hands over
+            assert miner._fitted(p, grown) == _effects_from_scratch(miner, grown) == miner._effects(grown)
+        other = mine[2:14]  # not a continuation: read again from scratch
+        assert miner._fitted(p, other) == _effects_from_scratch(miner, other)

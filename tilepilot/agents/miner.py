@@ -111,7 +111,8 @@ class HypothesisMiner:
         self.choices = _choices(list(self.spaces.values()))
         self._pairs: dict[tuple[str, str, str, Problem], list[tuple[Config, Config]]] = {}
         self._drawn: dict[str, Counter[tuple[str, ...]]] = {}  # per hypothesis: other parameters' values drawn
-        self._fits: dict[Problem, tuple[list[Observation], dict[tuple[str, Value, Value], float]]] = {}
+        self._columns = [(p, v) for p, values in self.choices.items() for v in values]  # every one-hot column
+        self._read: dict[Problem, _Rows] = {}  # per problem: the observations fitted so far
 
     # ---- statements --------------------------------------------------------------------------
     def mine(self, observations: Sequence[Observation], *, known: Sequence[LedgerEntry],
@@ -120,9 +121,14 @@ class HypothesisMiner:
         if max_new <= 0:
             return []
         by_problem: dict[Problem, list[Observation]] = {}
-        for o in observations:
-            if o.problem in self.spaces:
-                by_problem.setdefault(o.problem, []).append(o)
+        last: Problem | None = None
+        bucket: list[Observation] | None = None
+        for o in observations:  # a run of one problem's observations is grouped without hashing each
+            if o.problem is not last:
+                last = o.problem
+                bucket = by_problem.setdefault(last, []) if last in self.spaces else None
+            if bucket is not None:
+                bucket.append(o)
         estimates = {p: self._fitted(p, obs) for p, obs in by_problem.items() if len(obs) >= MIN_OBS}
         if not estimates or len(estimates) < MIN_READY * len(self.spaces):
             return []
@@ -163,21 +169,34 @@ class HypothesisMiner:
         return out
 
     def _fitted(self, problem: Problem, obs: list[Observation]) -> dict[tuple[str, Value, Value], float]:
-        """`_effects(obs)`, fitted again only when the problem's observations changed since the last
-        call (a campaign's driver mines after every batch, and most problems got no new result)."""
-        last = self._fits.get(problem)
-        if last is not None and last[0] == obs:  # the same objects again: compared by identity first
-            return last[1]
-        effects = self._effects(obs)
-        self._fits[problem] = (obs, effects)
-        return effects
+        """`_effects(obs)`, reading only the observations that came since the last call: a campaign's
+        driver mines after every batch, and each problem's observations only grow. The one-hot rows
+        of those read already are kept, so the fit sees the same matrix, bit for bit, as one built
+        from scratch; a problem whose observations did not change is not fitted again."""
+        rows = self._read.get(problem)
+        if rows is None or len(obs) < len(rows.obs) or obs[:len(rows.obs)] != rows.obs:  # identity first
+            rows = self._read[problem] = _Rows(len(self._columns))
+        if rows.effects is not None and len(obs) == len(rows.obs):
+            return rows.effects
+        for o in obs[len(rows.obs):]:
+            rows.add(o, self._one_hot(o))
+        rows.effects = self._solve(rows.matrix(), rows.ms)
+        return rows.effects
 
     def _effects(self, obs: Sequence[Observation]) -> dict[tuple[str, Value, Value], float]:
         """Ridge main effects: log(t(p=b) / t(p=a)) for adjacent values a, b seen in `obs`."""
-        cols = [(p, v) for p, values in self.choices.items() for v in values
-                if any(_same(o.config.get(p), v) for o in obs)]
-        x = np.array([[1.0 if _same(o.config.get(p), v) else 0.0 for p, v in cols] for o in obs])
-        y = np.log([o.median_ms for o in obs])
+        full = np.array([self._one_hot(o) for o in obs]).reshape(len(obs), len(self._columns))
+        return self._solve(full, [o.median_ms for o in obs])
+
+    def _one_hot(self, o: Observation) -> list[float]:
+        return [1.0 if _same(o.config.get(p), v) else 0.0 for p, v in self._columns]
+
+    def _solve(self, full: np.ndarray, ms: Sequence[float]) -> dict[tuple[str, Value, Value], float]:
+        """The ridge fit on the columns of `full` (one-hot over every column) that some row has."""
+        seen = full.any(axis=0)
+        cols = [c for c, s in zip(self._columns, seen, strict=True) if s]
+        x = np.ascontiguousarray(full[:, seen])
+        y = np.log(ms)
         x -= x.mean(axis=0)
         y -= y.mean()
         beta = np.linalg.solve(x.T @ x + RIDGE * np.eye(len(cols)), x.T @ y)
@@ -259,6 +278,28 @@ class HypothesisMiner:
         counts.update(_cells(a, h.param))
         why = f"tests {h.id} ({h.text}): a random pair in scope, {h.param}={h.a} and {h.param}={h.b}"
         return [Candidate(problem, c, NAME, why, hypothesis_id=h.id) for c in todo]
+
+
+class _Rows:
+    """One problem's observations read by the miner: their one-hot rows (in a buffer that doubles
+    as it fills), their times, and the effects fitted on them."""
+
+    def __init__(self, width: int) -> None:
+        self.obs: list[Observation] = []
+        self.ms: list[float] = []
+        self._x = np.zeros((16, width))
+        self.effects: dict[tuple[str, Value, Value], float] | None = None
+
+    def add(self, o: Observation, row: list[float]) -> None:
+        n = len(self.obs)
+        if n == len(self._x):
+            self._x = np.concatenate([self._x, np.zeros_like(self._x)])
+        self._x[n] = row
+        self.obs.append(o)
+        self.ms.append(o.median_ms)
+
+    def matrix(self) -> np.ndarray:
+        return self._x[:len(self.obs)]
 
 
 def _cells(config: Config, param: str) -> list[tuple[str, ...]]:
