@@ -7,6 +7,7 @@ and none on a cache hit; the interpreter's none). CPU only: the test session's R
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,75 @@ def test_withdraw_takes_back_what_no_worker_holds_and_the_worker_finishes_its_ow
     finally:
         ex.close()
     assert {i: [r.status for r in rs] for i, rs in out.items()} == {0: [Status.OK], 1: [Status.OK]}
+
+
+# ---- compile stragglers: a worker does not wait for a batch's slowest compile -------------------
+STRAGGLER_S = 4.0
+
+
+@pytest.fixture
+def straggling(ray_session: None, markers: Path, tmp_path: Path) -> Iterator[RayExecutor]:
+    """An interpret executor fed by a real compile pool (one compile worker: the session's second
+    CPU) compiling for an H100, whose FAULT=sleep configs take STRAGGLER_S to compile. The
+    interpreter does not read the compiled kernels; the pipeline around them is the gpu backend's."""
+    env = {"TILEPILOT_KERNEL_MODULES": "tests.worker_families", "PYTHONPATH": str(REPO),
+           "TILEPILOT_TEST_MARKERS": str(markers), "TILEPILOT_TEST_COMPILE_S": str(STRAGGLER_S),
+           "TRITON_CACHE_DIR": str(tmp_path / "triton-cache")}
+    ex = RayExecutor(get_family("test_slow_compile"), "interpret", workers=1, worker_env=env, shared=False,
+                     trace=True)
+    ex.pool, ex.target = CompilePool(env=env, per_node=1), Target()
+    try:
+        yield ex
+    finally:
+        ex.close()
+
+
+def poll_until_empty(ex: RayExecutor, out: list[tuple[Batch, list[Any]]], limit_s: float = 120) -> None:
+    deadline = time.monotonic() + limit_s
+    while ex.in_flight():
+        assert time.monotonic() < deadline
+        out.extend(ex.poll(0.05))
+
+
+def test_a_batch_starts_its_compiled_configs_before_its_straggler_has_compiled(straggling: RayExecutor) -> None:
+    ex = straggling
+    first = Batch(0, PROBLEM, (cfg(16, 16, 16, "none"), cfg(16, 16, 32, "none"), cfg(32, 16, 16, "sleep")),
+                  (100, 101, 102))
+    second = Batch(1, PROBLEM, (cfg(32, 32, 32, "none"),), (103,))
+    ex.submit(first)
+    ex.submit(second)
+    out: list[tuple[Batch, list[Any]]] = []
+    poll_until_empty(ex, out)
+    assert sorted(b.id for b, _ in out) == [0, 1]  # each batch once, whole
+    for batch, results in out:
+        assert next(b for b in (first, second) if b.id == batch.id) == batch
+        assert [r.config for r in results] == list(batch.configs)  # one result per config, in order
+        assert [r.status for r in results] == [Status.OK] * len(batch.configs)
+    parts = sorted((t for t in ex.traces or [] if t.batch == 0), key=lambda t: t.started)
+    # the fast configs went as they compiled (one part or two, the worker being idle), the straggler alone
+    *early, rest = parts
+    assert early and sum(t.configs for t in early) == 2 and rest.configs == 1
+    assert all(t.ended < rest.compiled for t in early)  # measured while the straggler still compiled
+    assert rest.compiled - rest.submitted >= STRAGGLER_S
+    for a, b in pairwise(sorted(ex.traces or [], key=lambda t: t.started)):
+        assert b.started >= a.ended  # one measurement at a time on the worker
+
+
+def test_withdraw_takes_back_the_remainder_no_worker_holds(straggling: RayExecutor) -> None:
+    ex = straggling
+    batch = Batch(0, PROBLEM, (cfg(16, 16, 16, "none"), cfg(16, 16, 32, "none"), cfg(32, 16, 16, "sleep")),
+                  (100, 101, 102))
+    ex.submit(batch)
+    deadline = time.monotonic() + 60
+    while not ex.compiling or ex.compiling[0].sent != {0, 1}:  # the fast configs compiled and went to the worker
+        assert time.monotonic() < deadline
+        assert ex.poll(0.05) == []
+    assert ex.compiling[0].compiles  # the straggler still compiles
+    back = ex.withdraw()  # a person paused
+    assert [(b.id, b.configs, b.queue_ids) for b in back] == [(0, batch.configs[2:], (102,))]
+    out: list[tuple[Batch, list[Any]]] = []
+    poll_until_empty(ex, out)
+    assert ex.withdraw() == []
+    [(part, results)] = out  # the driver gets the part the worker held, and nothing of the remainder
+    assert (part.id, part.configs, part.queue_ids) == (0, batch.configs[:2], (100, 101))
+    assert [(r.config, r.status) for r in results] == [(c, Status.OK) for c in batch.configs[:2]]

@@ -11,6 +11,8 @@ Child processes load them through TILEPILOT_KERNEL_MODULES=tests.worker_families
   With $TILEPILOT_TEST_MARKERS set, it marks the process busy while it sleeps (a file named
   after its pid, `<pid>.busy`) and appends "pid start end problem config" (tab-separated) to `measure.log` there:
   the witness of where and when the work ran.
+- `test_slow_compile`: like `test_slow`, and FAULT="sleep" also sleeps $TILEPILOT_TEST_COMPILE_S
+  (default 3) seconds in `compile` before compiling the plain matmul: a compile straggler.
 - `test_oom`: `matmul_faults` (oob, exit, sleep, hang) plus FAULT="oom": preparing its launch
   allocates twice the GPU's memory (a real torch.OutOfMemoryError on a GPU; on the CPU, where
   memory is the host's, it raises torch.OutOfMemoryError itself, SIMULATED). Its input factory
@@ -35,6 +37,7 @@ from tilepilot.kernels.matmul import PARAMS, shared_memory_fits
 
 MARKERS_ENV = "TILEPILOT_TEST_MARKERS"
 SLOW_ENV = "TILEPILOT_TEST_SLOW_S"
+COMPILE_SLOW_ENV = "TILEPILOT_TEST_COMPILE_S"
 DEVICE_BYTES_ENV = "TILEPILOT_TEST_DEVICE_BYTES"
 MEASURE_LOG = "measure.log"
 
@@ -92,6 +95,16 @@ class SlowFamily(MatmulFaultsFamily):
         return super().launcher(problem, plain, inputs, out, compiled)
 
 
+class SlowCompileFamily(SlowFamily):
+    name: ClassVar[str] = "test_slow_compile"
+    description: ClassVar[str] = "test family: FAULT=sleep compiles slowly, then sleeps a while and runs"
+
+    def compile(self, problem: Problem, config: Config, target: Target) -> Any:
+        if config["FAULT"] == "sleep":
+            time.sleep(float(os.environ.get(COMPILE_SLOW_ENV, "3")))
+        return super().compile(problem, config, target)
+
+
 class OomFamily(MatmulFaultsFamily):
     name: ClassVar[str] = "test_oom"
     description: ClassVar[str] = "test family: FAULT=oom allocates twice the GPU's memory"
@@ -127,6 +140,7 @@ def register_all() -> None:
     register(FlakyExitFamily)
     register(CompileHangFamily)
     register(SlowFamily)
+    register(SlowCompileFamily)
     register(OomFamily)
 
 

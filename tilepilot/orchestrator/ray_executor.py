@@ -2,7 +2,11 @@
 
 For the gpu backend every config is compiled ahead in the CPU compile pool while the GPUs
 are busy with earlier batches; a batch goes to a GPU worker once all of its configs have
-compiled (configs that fail to compile come back as results without touching a GPU).
+compiled (configs that fail to compile come back as results without touching a GPU). A worker
+with room and no compiled batch waiting does not wait for a batch's slowest compile: it gets
+the compiled part of the oldest batch still compiling, and the remainder follows as its own
+part once compiled (or sooner, in parts, as workers have room). The driver still gets each
+batch once, with one result per config in its order; a trace (BatchTrace) is kept per part.
 
 The pipeline, so that no GPU waits for a compile or for the driver: `free_slots` takes batches
 while the pool has fewer configs compiling than it runs at once (`CompilePool.capacity`) or
@@ -96,12 +100,47 @@ READY_PER_GPU = 2  # compiled batches waiting for a GPU, per GPU, beyond those t
 
 @dataclass
 class _Pending:
+    """One batch on its way: its compiles, and the parts of it sent to workers (a part is the
+    configs compiled by the time a worker had room; the rest, the remainder, goes when compiled)."""
+
     batch: Batch
     compiles: dict[Any, int] = field(default_factory=dict)  # compile ref -> config index
     failed: dict[int, Result] = field(default_factory=dict)  # index -> compile failure result
+    compiled_at: dict[int, float] = field(default_factory=dict)  # index compiled -> when (epoch seconds)
+    sent: set[int] = field(default_factory=set)  # indices held by a worker or measured
+    results: dict[int, Result] = field(default_factory=dict)  # index -> a worker's result
+    dropped: set[int] = field(default_factory=set)  # indices withdrawn while a part was on a worker
+    requeued: bool = False  # a part came back from a lost worker: it goes first
     submitted: float = field(default_factory=time.time)  # epoch seconds, for BatchTrace
     compiled: float = 0.0
-    dispatched: float = 0.0
+
+    def unsent(self) -> list[int]:
+        """Indices compiled and not yet sent to a worker, in the batch's order."""
+        return sorted(i for i in self.compiled_at if i not in self.sent and i not in self.dropped)
+
+    def complete(self) -> bool:
+        return len(self.failed) + len(self.results) + len(self.dropped) == len(self.batch.configs)
+
+    def sub(self, indices: Sequence[int]) -> Batch:
+        """The batch cut down to `indices` (the whole batch when they are all of it)."""
+        if len(indices) == len(self.batch.configs):
+            return self.batch
+        return replace(self.batch, configs=tuple(self.batch.configs[i] for i in indices),
+                       queue_ids=tuple(self.batch.queue_ids[i] for i in indices))
+
+    def outcome(self) -> tuple[Batch, list[Result]]:
+        """What the driver gets: one result per config not withdrawn, in the batch's order."""
+        kept = [i for i in range(len(self.batch.configs)) if i not in self.dropped]
+        return self.sub(kept), [self.failed[i] if i in self.failed else self.results[i] for i in kept]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Configs of one batch sent to a worker together."""
+
+    indices: tuple[int, ...]
+    compiled: float  # when the last of them compiled
+    dispatched: float
 
 
 @dataclass
@@ -155,7 +194,8 @@ class RayExecutor(Executor):
         self.compiling: list[_Pending] = []
         self.ready: list[_Pending] = []
         self.running_refs: dict[Any, tuple[_Slot, Any, _Pending]] = {}  # eval ref -> (slot, actor, pending)
-        self.settled: list[tuple[Batch, list[Result]]] = []  # finished without a worker
+        self._parts: dict[Any, _Part] = {}  # eval ref -> the part of its batch it runs
+        self.settled: list[tuple[Batch, list[Result]]] = []  # finished, for the next `poll`
         self.traces: list[BatchTrace] | None = [] if trace else None
         self.waited_s = 0.0  # time `poll` spent blocked waiting for Ray
         self.slots = [_Slot(w) for w in self._worker_ids(workers)]
@@ -198,18 +238,33 @@ class RayExecutor(Executor):
                              compiling=compiling, capacity=self.pool.capacity)
 
     def in_flight(self) -> int:
-        return len(self.compiling) + len(self.ready) + len(self.running_refs) + len(self.settled)
+        batches = {id(p) for p in [*self.compiling, *self.ready, *(v[2] for v in self.running_refs.values())]}
+        return len(batches) + len(self.settled)
 
     def withdraw(self) -> list[Batch]:
         """The batches compiling or compiled and waiting for a worker; a worker's batches (the one
-        it runs and the next it holds) stay. Their compiles go on and warm the cache."""
-        back, self.compiling, self.ready = self.compiling + self.ready, [], []
-        return [p.batch for p in back]
+        it runs and the next it holds) stay. Their compiles go on and warm the cache. Of a batch
+        with a part on a worker, the configs no worker holds come back (its compile failures stay
+        with the part: they are results), and the driver gets the part's results alone."""
+        back: list[Batch] = []
+        for pending in [*self.compiling, *self.ready]:
+            if not pending.sent:
+                back.append(pending.batch)
+                continue
+            rest = [i for i in range(len(pending.batch.configs)) if i not in pending.sent and i not in pending.failed]
+            pending.dropped.update(rest)
+            pending.compiles.clear()
+            back.append(pending.sub(rest))
+            if pending.complete():  # its parts came back already
+                self.settled.append(pending.outcome())
+        self.compiling, self.ready = [], []
+        return back
 
     def submit(self, batch: Batch) -> None:
         pending = _Pending(batch)
         if self.pool is None or self.target is None:
             pending.compiled = pending.submitted
+            pending.compiled_at = dict.fromkeys(range(len(batch.configs)), pending.submitted)
             self.ready.append(pending)
         else:
             for i, config in enumerate(batch.configs):
@@ -219,7 +274,6 @@ class RayExecutor(Executor):
         self._start_ready()
 
     def poll(self, timeout_s: float) -> list[tuple[Batch, list[Result]]]:
-        finished, self.settled = self.settled, []
         self._relaunch_due()
         # one compile ref may serve several batches (the pool compiles each cache key once)
         refs = list(dict.fromkeys([r for p in self.compiling for r in p.compiles]
@@ -231,13 +285,14 @@ class RayExecutor(Executor):
             done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             for ref in done:
                 if ref in self.running_refs:
-                    finished.extend(self._returned(ref))
+                    self._returned(ref)
                 elif ref in self._starts:
                     self._started(self._starts[ref])
                 else:
                     self._compiled(ref)
         self._start_ready()
         self._watch()
+        finished, self.settled = self.settled, []
         return finished
 
     def remeasure(self, problem: Problem, configs: Sequence[Config]) -> list[Result]:
@@ -489,20 +544,21 @@ class RayExecutor(Executor):
         self._events.append(ExecutorEvent(kind, message, data))
 
     # ---- batches ---------------------------------------------------------------------------
-    def _returned(self, ref: Any) -> list[tuple[Batch, list[Result]]]:
+    def _returned(self, ref: Any) -> None:
         slot, actor, pending = self.running_refs.pop(ref)
+        part = self._parts.pop(ref)
         if actor is slot.actor:
             slot.held -= 1
         try:
             reply: BatchReply = fetch(ref)
         except WorkerQuarantined as e:
             self._quarantine(slot, e.reason)
-            self._requeue(pending, slot, "its worker was quarantined")
-            return []
+            self._requeue(pending, part, slot, "its worker was quarantined")
+            return
         except LOST as e:
             self._lose(slot, actor, _line(e))
-            self._requeue(pending, slot, "its worker was lost")
-            return []
+            self._requeue(pending, part, slot, "its worker was lost")
+            return
         slot.strikes.clear()
         others = _waited_for_others(reply, slot.last_ended if actor is slot.actor else 0.0)
         if actor is slot.actor:
@@ -512,16 +568,22 @@ class RayExecutor(Executor):
                         f"{others:.1f} s for worker {slot.worker_id}, busy with another campaign's work",
                         worker=slot.worker_id, waited_s=round(others, 3), batch=pending.batch.id)
         results = [replace(r, extra={**r.extra, "worker": slot.worker_id}) for r in reply.results]
+        pending.results.update(zip(part.indices, results, strict=True))
         if self.traces is not None:
             self.traces.append(BatchTrace(pending.batch.id, slot.worker_id, len(results), pending.submitted,
-                                          pending.compiled, pending.dispatched, reply.started_at, reply.ended_at,
+                                          part.compiled, part.dispatched, reply.started_at, reply.ended_at,
                                           time.time(), reply.compiles, reply.wakes))
-        return [(pending.batch, self._merge(pending, results))]
+        self._settle(pending)
 
-    def _requeue(self, pending: _Pending, slot: _Slot, why: str) -> None:
+    def _requeue(self, pending: _Pending, part: _Part, slot: _Slot, why: str) -> None:
         """Back to the head of the queue: the next free worker runs it."""
-        self.ready.insert(0, pending)
-        batch = pending.batch
+        pending.sent.difference_update(part.indices)
+        pending.requeued = True
+        if pending in self.ready:
+            self.ready.remove(pending)
+        if pending not in self.compiling:
+            self.ready.insert(0, pending)
+        batch = pending.sub(part.indices)
         self._event("requeued", f"{len(batch.configs)} config(s) of {batch.problem.label()} back in the queue: "
                     f"{why} ({slot.worker_id})", **slot.where(), batch=batch.id, queue_ids=list(batch.queue_ids),
                     reason=why)
@@ -537,6 +599,7 @@ class RayExecutor(Executor):
                 raise
             self._recompile(ref, waiting, _line(e))
             return
+        now = time.time()
         for pending in waiting:
             index = pending.compiles.pop(ref)
             if outcome.status is not Status.OK:
@@ -545,10 +608,19 @@ class RayExecutor(Executor):
                     status=outcome.status, env=self.environment, message=outcome.message,
                     compile_ms=outcome.compile_ms,
                     extra={"shared_bytes": outcome.shared_bytes} if outcome.shared_bytes else {})
+            else:
+                pending.compiled_at[index] = now
             if not pending.compiles:
-                pending.compiled = time.time()
+                pending.compiled = now
                 self.compiling.remove(pending)
-                self.ready.append(pending)
+                if pending.unsent():
+                    self.ready.append(pending)
+                self._settle(pending)
+
+    def _settle(self, pending: _Pending) -> None:
+        """A batch with every config measured, failed or withdrawn goes to the driver, whole."""
+        if pending.complete() and pending not in self.compiling and pending not in self.ready:
+            self.settled.append(pending.outcome())
 
     def _recompile(self, ref: Any, waiting: list[_Pending], reason: str) -> None:
         """A compile lost with its compile worker (or node): the pool heals and compiles it again."""
@@ -563,27 +635,30 @@ class RayExecutor(Executor):
                         f"{reason}", batch=pending.batch.id, reason=reason)
 
     def _start_ready(self) -> None:
-        for pending in [p for p in self.ready if len(p.failed) == len(p.batch.configs)]:
-            self.ready.remove(pending)  # nothing compiled: no GPU needed
-            self.settled.append((pending.batch, self._merge(pending, [])))
-        while self.ready:
+        """Send work to workers with room: a re-queued part first, then the compiled batches in
+        the order they compiled, and with none of those the compiled part of the oldest batch
+        still compiling (its remainder follows when compiled: no worker waits for a straggler)."""
+        while True:
             free = [s for s in self.slots if s.ready and s.held < self.per_worker]
             if not free:
                 return
-            slot = min(free, key=lambda s: s.held)  # an idle worker first
-            pending = self.ready.pop(0)
-            configs = [c for i, c in enumerate(pending.batch.configs) if i not in pending.failed]
-            ref = slot.actor.run_batch.remote(self.family.name, pending.batch.problem, configs, self.timeout_s)
-            pending.dispatched = time.time()
-            self.running_refs[ref] = (slot, slot.actor, pending)
-            slot.held += 1
+            first = [p for p in self.compiling if p.requeued]
+            pending = next((p for p in [*first, *self.ready, *self.compiling] if p.unsent()), None)
+            if pending is None:
+                return
+            if pending in self.ready:
+                self.ready.remove(pending)
+            self._send(min(free, key=lambda s: s.held), pending)  # an idle worker first
 
-    @staticmethod
-    def _merge(pending: _Pending, results: list[Result]) -> list[Result]:
-        """Compile failures and the worker's results, back in the batch's order."""
-        it = iter(results)
-        return [pending.failed[i] if i in pending.failed else next(it)
-                for i in range(len(pending.batch.configs))]
+    def _send(self, slot: _Slot, pending: _Pending) -> None:
+        indices = tuple(pending.unsent())
+        configs = [pending.batch.configs[i] for i in indices]
+        ref = slot.actor.run_batch.remote(self.family.name, pending.batch.problem, configs, self.timeout_s)
+        pending.sent.update(indices)
+        pending.requeued = False
+        self.running_refs[ref] = (slot, slot.actor, pending)
+        self._parts[ref] = _Part(indices, max(pending.compiled_at[i] for i in indices), time.time())
+        slot.held += 1
 
 
 # ---- module helpers ------------------------------------------------------------------------------
