@@ -56,6 +56,17 @@ against the budget like any trial. Measure: distinct configs until one is within
 optimum (`to_2pct`), the median over seeds per problem, then the median, mean and worst over
 problems; target: warm at most half of cold. A run stops once it reaches the target (the count
 depends only on what came before); the proposers are built with the whole grid as budget.
+
+History first (`--arm history`). The rules proposer at a budget of 8 configs (and, for
+`to_2pct`, the whole grid) with a head of configs from a store of OTHER problems queued first,
+as warm start queues them (HEADS: the current warm start, the nearest problems' winners, a
+covering list — greedy set cover of "within 2% of that problem's best" over the store
+problems, how the fixed-list baseline is built — of every store problem or of the 8 nearest,
+and these after the rules proposer's own first four picks). Stores ("scopes"): every other
+problem of the dataset; with `--protocol folds` the problems of the other three folds only;
+with `--history` every problem of another device's dataset. Baseline in the same run: the
+fixed list of 8 chosen greedily (worst, then mean regret) on the same store. Regret and
+within-2% as in the search arm; "cold" is the rules proposer with no head.
 """
 
 from __future__ import annotations
@@ -563,10 +574,182 @@ def warm_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ---- history first (--arm history) --------------------------------------------------------------
+# A head is a string, one letter per config queued before the proposer's own picks: `r` the rules
+# proposer's next cold pick, `n` the next winner of the nearest store problems (warm_start's
+# order), `c` the next config of the covering list of every store problem, `s` the same over the
+# NEAR_COVER store problems nearest in log-shape space; "warm" is what warm_start queues today.
+HEADS = ("", "warm", "n", "cc", "cccc", "ssss", "rrrrss", "rrrrssss", "rrrrnn")
+NEAR_COVER = 8
+HISTORY_BUDGET = 8
+_HISTORY: ReplayDataset | None = None
+
+
+def cover_list(store: ReplayDataset, problems: Sequence[Problem], fits: Any, size: int) -> list[Config]:
+    """Greedy set cover of "within TOLERANCE of the problem's best" over `problems` (ties: the lower
+    mean regret of the list); once every problem is covered, a second cover starts."""
+    table = regret_table(store, problems)
+    configs = [c for c in sorted({c for t in table.values() for c in t}, key=Config.key) if fits(c)]
+    chosen: list[Config] = []
+    uncovered, best = set(table), dict.fromkeys(table, math.inf)
+    while len(chosen) < size and len(chosen) < len(configs):
+        def score(c: Config, uncovered: set[Problem] = uncovered,
+                  best: dict[Problem, float] = best) -> tuple[int, float]:
+            covered = sum(1 for q in uncovered if table[q].get(c, math.inf) <= TOLERANCE)
+            return -covered, sum(min(best[q], table[q].get(c, math.inf)) for q in table)
+        pick = min((c for c in configs if c not in chosen), key=score)
+        chosen.append(pick)
+        uncovered -= {q for q in uncovered if table[q].get(pick, math.inf) <= TOLERANCE}
+        best = {q: min(best[q], table[q].get(pick, math.inf)) for q in table}
+        uncovered = uncovered or set(table)
+    return chosen
+
+
+def history_head(problem: Problem, head: str, store: ReplayDataset, others: Sequence[Problem], budget: int,
+                 constants: Constants | None) -> list[Config]:
+    """The configs queued first for `problem` (see HEADS), from the store problems `others` only."""
+    assert _DATASET is not None
+    from tilepilot.orchestrator.warm_start import _fits, distance
+    space = _DATASET.space(get_family(KERNEL), problem)
+    env = next(iter(_DATASET.records(problem).values())).env
+    sources = [recorded_winner(store, q) for q in others]
+    warm = [c.config for c in warm_candidates(problem, space, sources, budget=budget, torch=env.torch,
+                                              triton=env.triton, exclude_self=True)]
+    if head == "warm":
+        return warm
+    fits = lambda c: _fits(space, problem, c) is not None  # noqa: E731
+    nearest = sorted(others, key=lambda q: (distance(problem, q), q.key()))[:NEAR_COVER]
+    streams = {
+        "r": iter(drive(_DATASET, problem, "rules", 0, budget, constants).configs) if "r" in head else iter(()),
+        "n": iter(warm),
+        "c": iter(cover_list(store, others, fits, budget) if "c" in head else ()),
+        "s": iter(cover_list(store, nearest, fits, budget) if "s" in head else ()),
+    }
+    out: list[Config] = []
+    for letter in head:
+        pick = next((c for c in streams[letter] if c not in out), None)
+        if pick is not None:
+            out.append(pick)
+    return out
+
+
+HistoryTask = tuple[str, str, str, int, tuple[str, ...], Constants | None]
+
+
+def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
+    """(scope, head, problem, seed) -> best regret after HISTORY_BUDGET configs, configs to reach 2%."""
+    scope, head, key, seed, others_keys, constants = args
+    assert _DATASET is not None
+    store = _HISTORY if scope == "other-device" else _DATASET
+    assert store is not None
+    problem = next(p for p in _DATASET.problems if p.key() == key)
+    others = [q for q in store.problems if q.key() in others_keys]
+    opt = _DATASET.optimum_ms(problem) or math.inf
+    full = len(_DATASET.records(problem))
+    at = drive(_DATASET, problem, "rules", seed, HISTORY_BUDGET, constants,
+               first=history_head(problem, head, store, others, HISTORY_BUDGET, constants))
+    reach = drive(_DATASET, problem, "rules", seed, full, constants, stop_ms=opt * (1 + TOLERANCE),
+                  first=history_head(problem, head, store, others, full, constants))
+    target = opt * (1 + TOLERANCE)
+    return scope, head, key, seed, best_after(at, HISTORY_BUDGET) / opt - 1.0, configs_to_reach(reach, target)
+
+
+def _init_history(path: str, history: str) -> None:
+    global _HISTORY
+    _init(path)
+    _HISTORY = load_dataset(history, get_family(KERNEL)) if history else None
+
+
+def history_scopes(dataset: ReplayDataset, history: ReplayDataset | None,
+                   protocol: str) -> dict[str, dict[str, tuple[str, ...]]]:
+    """scope -> problem key -> the keys of the store problems it may read (never its own)."""
+    keys = [p.key() for p in dataset.problems]
+    scopes = {"other-problems": {k: tuple(q for q in keys if q != k) for k in keys}}
+    if protocol == "folds":
+        folds = json.loads(FOLDS.read_text())["folds"]
+        fold_of = {lb: f["fold"] for f in folds for lb in f["held_out"]}
+        label = {p.key(): p.label() for p in dataset.problems}
+        scopes["other-folds"] = {k: tuple(q for q in keys if fold_of[label[q]] != fold_of[label[k]]) for k in keys}
+    if history is not None:
+        scopes["other-device"] = {k: tuple(q.key() for q in history.problems) for k in keys}
+    return scopes
+
+
+def run_history(args: argparse.Namespace) -> dict[str, Any]:
+    dataset = load_dataset(args.dataset, get_family(KERNEL))
+    history = load_dataset(args.history, get_family(KERNEL)) if args.history else None
+    scopes = history_scopes(dataset, history, args.protocol)
+    labels = [p.label() for p in dataset.problems]
+    seeds = list(range(args.seeds))
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init_history,
+                                      initargs=(str(args.dataset), args.history or "")) as pool:
+        constants = fold_constants(pool, dataset, args.protocol)
+        tasks: list[HistoryTask] = [(scope, head, p.key(), s, others[p.key()], constants[p.key()])
+                                    for scope, others in scopes.items() for head in HEADS
+                                    for p in dataset.problems for s in seeds
+                                    if head or scope == next(iter(scopes))]
+        done = pool.map(_history_task, tasks, chunksize=1)
+    label = {p.key(): p.label() for p in dataset.problems}
+    out: dict[str, Any] = {}
+    for scope, others in scopes.items():
+        store = history if scope == "other-device" else dataset
+        assert store is not None
+        rows: dict[str, Any] = {}
+        for head in HEADS:
+            regret: dict[str, list[float]] = {}
+            reach: dict[str, list[float]] = {}
+            for sc, hd, key, _s, r, n in done:
+                if hd == head and (sc == scope or not head):
+                    regret.setdefault(label[key], []).append(r)
+                    reach.setdefault(label[key], []).append(n)
+            rows[head or "cold"] = {"regret": summarise_regret(regret, labels),
+                                    "to_2pct": summarise_reach(reach, labels),
+                                    "per_problem": {lb: statistics.fmean(v) for lb, v in regret.items()}}
+        fixed = {}
+        for p in dataset.problems:
+            chosen = greedy_list(regret_table(store, [q for q in store.problems if q.key() in others[p.key()]]),
+                                 HISTORY_BUDGET)
+            times = [r.median_ms for c in chosen if (r := dataset.records(p).get(c)) and r.median_ms is not None]
+            fixed[p.label()] = [min(times) / (dataset.optimum_ms(p) or math.inf) - 1.0 if times else math.inf]
+        rows["fixed-list"] = {"regret": summarise_regret(fixed, labels),
+                              "per_problem": {lb: v[0] for lb, v in fixed.items()}}
+        out[scope] = rows
+    return {
+        "command": "python " + " ".join(sys.argv),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "dataset": {"path": str(dataset.path), "identity": dataset.identity, "problems": len(labels)},
+        "history": str(args.history or ""),
+        "method": __doc__.split("History first (`--arm history`). ")[1].replace("\n", " ").strip(),
+        "protocol": args.protocol, "budget": HISTORY_BUDGET, "batch": BATCH, "tolerance": TOLERANCE,
+        "seeds": seeds, "heads": list(HEADS), "near_cover": NEAR_COVER,
+        "scopes": {s: "store: " + {"other-problems": "every other problem of the dataset",
+                                  "other-folds": "the problems of the other three folds",
+                                  "other-device": f"every problem of {args.history}"}[s] for s in scopes},
+        "results": out,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+def history_table(result: dict[str, Any]) -> str:
+    lines = []
+    for scope, rows in result["results"].items():
+        lines.append(f"[{scope}] {'head':<10} {'within 2%':>9} {'mean':>7} {'worst':>7} {'to 2% med':>9} {'mean':>6}")
+        for head, row in rows.items():
+            r, n = row["regret"], row.get("to_2pct", {})
+            within = f"{r['problems_within_2pct_every_seed']:>4}/{r['problems']:<4}"
+            lines.append(f"{'':<{len(scope) + 2}} {head:<10} {within} "
+                         f"{_pct(r['mean']):>7} {_pct(r['worst_problem_mean']):>7} {_fmt(n.get('median')):>9} "
+                         f"{'-' if n.get('mean') is None else format(n['mean'], '.2f'):>6}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arm", choices=("search", "warm"), default="search",
-                   help="search: every proposer's efficiency; warm: warm start against a cold start")
+    p.add_argument("--arm", choices=("search", "warm", "history"), default="search",
+                   help="search: every proposer's efficiency; warm: warm start against a cold start; "
+                        "history: rules with history-first heads at 8 configs")
+    p.add_argument("--history", help="--arm history: a dataset of another device read as the store")
     p.add_argument("--dataset", default="data/replay/matmul-h100.jsonl")
     p.add_argument("--out", help="default: bench/results/search-h100.json (search), warm-start-h100.json (warm)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="lopo")
@@ -582,6 +765,13 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(_finite(result), indent=1) + "\n")
         sys.stdout.write(warm_table(result) + "\n")
+        log.info("wrote %s (%.0f s)", args.out, result["wall_s"])
+        return 0
+    if args.arm == "history":
+        args.out = args.out or "bench/results/warm-start-history-h100.json"
+        result = run_history(args)
+        Path(args.out).write_text(json.dumps(_finite(result), indent=1) + "\n")
+        sys.stdout.write(history_table(result) + "\n")
         log.info("wrote %s (%.0f s)", args.out, result["wall_s"])
         return 0
     args.out = args.out or "bench/results/search-h100.json"
