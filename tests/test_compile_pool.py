@@ -1,6 +1,7 @@
 """The compile-ahead pool on the CPU: real ahead-of-time compiles for an H100 target in Ray actors
 with no GPU, a second compile of the same kernel hitting the on-disk cache, one compile in
-flight per cache key, and a hanging compile becoming `compile_error` without losing the actor."""
+flight per cache key, a hanging compile becoming `compile_error` without losing the actor, and
+a free compile worker taking the next compile while another is busy with a slow one."""
 
 from __future__ import annotations
 
@@ -91,3 +92,19 @@ def test_hanging_compile_times_out_and_worker_recovers(ray_session: None, pool_e
         assert after.respawns == before.respawns + 1 and after.child_pid != before.child_pid
     finally:
         pool.close()
+
+
+def test_a_free_compile_worker_takes_the_next_compile_while_another_is_slow(ray_session: None,
+                                                                           pool_env: dict[str, str]) -> None:
+    pool = CompilePool(per_node=2, env={**pool_env, "TILEPILOT_TEST_COMPILE_S": "8"})
+    try:
+        slow = pool.submit("test_slow_compile", prob(256, 256, 256), cfg(64, 64, 32, "sleep"), TARGET)
+        fast = [pool.submit("test_slow_compile", prob(256, 256, 256), cfg(*tiles, "none"), TARGET)
+                for tiles in ((32, 64, 32), (64, 32, 32))]
+        done, _ = ray.wait(fast, num_returns=2, timeout=60)
+        straggling = not ray.wait([slow], timeout=0)[0]
+        outcomes = ray.get([slow, *fast])
+    finally:
+        pool.close()
+    assert len(done) == 2 and straggling  # neither fast compile was assigned ahead behind the slow one
+    assert [o.status for o in outcomes] == [Status.OK] * 3

@@ -12,18 +12,25 @@ dies under a compile is replaced and the compile tried once more; a second death
 GPUs), as many per node as the node has CPUs left after its GPU workers' `num_cpus`, and sends
 each compile to every such node, since each node's GPU workers read their own local cache.
 It never sends the same compile twice at once (racing first compiles of one cache key can
-yield a wrong kernel: LIBRARIES.md).
+yield a wrong kernel: LIBRARIES.md). On each node a `CompileQueue` hands the compiles to the
+compile workers as they come free (pull), roughly in the order they were sent (Ray does not
+promise an async actor's order): none is assigned ahead to a worker busy with a slow compile
+while another worker is idle.
 
 Shared (campaigns on one cluster, see ray_executor.py): the compile workers are named actors
 that every campaign's pool finds, and a compile goes to the worker its cache key hashes to, so
-two campaigns never compile one key at once either (a compile worker does one at a time).
+two campaigns never compile one key at once either (a compile worker does one at a time), and
+no queue stands between (a key's worker is not free to choose).
 `heal()`, after a compile was lost with its worker or node, drops the workers of nodes that are
 gone and replaces those that died on live ones.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import heapq
+import itertools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,6 +51,7 @@ from tilepilot.orchestrator.worker import GPU_WORKER_CPUS, STARTUP_TIMEOUT_S
 log = logging.getLogger(__name__)
 
 COMPILE_TIMEOUT_S = 120.0
+ARRIVAL_S = 0.002  # CompileQueue: how long a compile waits for those sent with it to arrive
 PROBE_S = 10.0  # heal(): a compile worker that does not answer this soon is busy, not dead
 COMPILE_ENV = {"CUDA_VISIBLE_DEVICES": ""}
 
@@ -106,6 +114,56 @@ class CompileWorker:
 
 
 @ray.remote(num_cpus=0)
+class CompileQueue:
+    """One node's compile workers, handed out as they come free: a compile waits for a free worker
+    (an async actor, so waiting takes no thread), the lowest `seq` first (Ray may start an async
+    actor's calls out of order; the pool numbers them as it sends them), and gets the worker freed
+    last (its process is warm: a cold one takes longer even to read the cache).
+
+    A worker lost under a compile does not come back (its compile raises the loss): `swap` puts
+    its replacement in."""
+
+    def __init__(self, workers: list[Any]) -> None:
+        self._idle = list(reversed(workers))  # a stack: the last one is handed out first
+        self._waiting: list[tuple[int, asyncio.Future[Any]]] = []  # a heap by seq
+
+    async def compile(self, seq: int, kernel: str, problem: Problem, config: Config,
+                      target: Target) -> CompileOutcome:
+        turn: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (seq, turn))
+        await asyncio.sleep(ARRIVAL_S)  # compiles sent together arrive together: all take their place first
+        self._hand_out()
+        worker = await turn
+        try:
+            outcome: CompileOutcome = await worker.compile.remote(kernel, problem, config, target)
+        except LOST:
+            raise
+        except BaseException:
+            self._free(worker)
+            raise
+        self._free(worker)
+        return outcome
+
+    async def idle(self) -> int:
+        """Workers free now (and an answer: the queue is alive)."""
+        return len(self._idle)
+
+    async def swap(self, old: Any, new: Any) -> None:
+        """`new` replaces `old` (lost): `old` leaves the idle ones if it is there, `new` joins them."""
+        self._idle = [new, *(w for w in self._idle if w != old)]
+        self._hand_out()
+
+    def _free(self, worker: Any) -> None:
+        self._idle.append(worker)
+        self._hand_out()
+
+    def _hand_out(self) -> None:
+        while self._idle and self._waiting:
+            _, turn = heapq.heappop(self._waiting)
+            turn.set_result(self._idle.pop())
+
+
+@ray.remote(num_cpus=0)
 def _first_of(*outcomes: CompileOutcome) -> CompileOutcome:
     """Ready once every node has compiled; the outcome is the same on each."""
     return outcomes[0]
@@ -137,9 +195,11 @@ class CompilePool:
                 n, options["num_cpus"] = 1, 0
             self._node_options[node_id] = options
             self.workers[node_id] = [self._start(node_id, i) for i in range(n)]
+        self._queues: dict[str, Any] = {} if shared else {n: self._start_queue(n) for n in self.workers}
         self._load: dict[Any, int] = {w: 0 for ws in self.workers.values() for w in ws}
-        self._inflight: dict[Any, Any] = {}  # actor ref -> its worker
+        self._inflight: dict[Any, Any] = {}  # actor ref -> its worker (None: through the node's queue)
         self._by_key: dict[tuple[str, ...], tuple[Any, list[Any]]] = {}  # key -> (returned ref, actor refs)
+        self._seq = itertools.count()  # the order compiles are sent in, for the queues
 
     @property
     def size(self) -> int:
@@ -162,10 +222,13 @@ class CompilePool:
         if key in self._by_key:
             return self._by_key[key][0]
         refs = []
-        for workers in self.workers.values():
-            worker = self._pick(workers, key)
-            ref = worker.compile.remote(kernel, problem, config, target)
-            self._load[worker] += 1
+        for node_id, workers in self.workers.items():
+            queue = self._queues.get(node_id)
+            worker = None if queue is not None else self._pick(workers, key)
+            ref = (queue.compile.remote(next(self._seq), kernel, problem, config, target) if queue is not None
+                   else worker.compile.remote(kernel, problem, config, target))
+            if worker is not None:
+                self._load[worker] += 1
             self._inflight[ref] = worker
             refs.append(ref)
         ref = refs[0] if len(refs) == 1 else _first_of.remote(*refs)
@@ -183,6 +246,7 @@ class CompilePool:
                             len(self.workers[node_id]))
                 for worker in self.workers.pop(node_id):
                     self._forget(worker)
+                self._queues.pop(node_id, None)
                 continue
         probes = {w.info.remote(): (node_id, i) for node_id, ws in self.workers.items() for i, w in enumerate(ws)}
         done, _ = ray.wait(list(probes), num_returns=len(probes), timeout=PROBE_S) if probes else ([], [])
@@ -193,17 +257,34 @@ class CompilePool:
                 continue
             except LOST:
                 pass
-            self._forget(self.workers[node_id][i])
+            old = self.workers[node_id][i]
+            self._forget(old)
             self.workers[node_id][i] = fresh = self._start(node_id, i)
             self._load[fresh] = 0
+            if node_id in self._queues:
+                self._queues[node_id].swap.remote(old, fresh)
             log.warning("compile worker %d of node %s was lost; a new one replaces it", i, node_id)
+        self._heal_queues()
         if not self._load:
             raise NoWorkerLeft("no compile worker left: every node the compile pool used is gone")
 
+    def _heal_queues(self) -> None:
+        """A node's queue lost while its node lives (killed): a new one with the node's workers."""
+        asked = {q.idle.remote(): n for n, q in self._queues.items()}
+        done, _ = ray.wait(list(asked), num_returns=len(asked), timeout=PROBE_S) if asked else ([], [])
+        for ref in done:
+            try:
+                ray.get(ref)
+            except LOST:
+                node_id = asked[ref]
+                self._queues[node_id] = self._start_queue(node_id)
+                log.warning("the compile queue of node %s was lost; a new one replaces it", node_id)
+
     def close(self) -> None:
         if not self.shared:  # shared workers end with the campaign that started them
-            for worker in self._load:
-                ray.kill(worker)
+            for actor in [*self._load, *self._queues.values()]:
+                ray.kill(actor)
+        self._queues.clear()
         self._load.clear()
         self._inflight.clear()
         self._by_key.clear()
@@ -215,10 +296,12 @@ class CompilePool:
                         "get_if_exists": True}
         return CompileWorker.options(**options).remote(timeout_s=self._timeout_s)
 
+    def _start_queue(self, node_id: str) -> Any:
+        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        return CompileQueue.options(scheduling_strategy=strategy).remote(self.workers[node_id])
+
     def _pick(self, workers: list[Any], key: tuple[str, ...]) -> Any:
-        """The least loaded worker; shared, the one the cache key hashes to (see the module docstring)."""
-        if not self.shared:
-            return min(workers, key=lambda w: self._load[w])
+        """Shared: the worker the cache key hashes to (see the module docstring)."""
         digest = hashlib.sha256(repr(key).encode()).digest()
         return workers[int.from_bytes(digest[:8], "big") % len(workers)]
 
@@ -232,7 +315,9 @@ class CompilePool:
             return
         done, _ = ray.wait(list(self._inflight), num_returns=len(self._inflight), timeout=0, fetch_local=False)
         for ref in done:
-            self._load[self._inflight.pop(ref)] -= 1
+            worker = self._inflight.pop(ref)
+            if worker is not None and worker in self._load:
+                self._load[worker] -= 1
         self._by_key = {k: v for k, v in self._by_key.items() if any(r in self._inflight for r in v[1])}
 
 
