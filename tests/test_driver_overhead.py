@@ -3,14 +3,18 @@
 The equivalence tests run the same replay campaign on the shipped H100 matmul recording twice:
 as it runs, and with every shortcut turned off (the hook re-reads every result and always
 steps the lab, the miner refits every problem, the queue is read and re-scored after every
-batch), and compare what each stored: the queue with its priorities and reasons, the events,
+batch, the lab pairs every hypothesis' observations from scratch and recomputes every spread,
+`random` samples from the list of every unseen valid config, `SearchState.seen` is a new set
+each time), and compare what each stored: the queue with its priorities and reasons, the events,
 the hypotheses and verdicts, the trials and the winners.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,8 +23,12 @@ import pytest
 
 from tests.replay_fixture import write_campaign
 from tests.test_queue_rescore import write_twins
+from tilepilot.agents import base as base_mod
+from tilepilot.agents import hypotheses as hyp_mod
 from tilepilot.agents.hypotheses import HypothesisLab
 from tilepilot.agents.miner import HypothesisMiner
+from tilepilot.agents.pairs import find_pairs
+from tilepilot.agents.random import RandomProposer
 from tilepilot.experiments import Campaign, Candidate, Config, Param, Problem, SearchSpace
 from tilepilot.orchestrator import driver as driver_mod
 from tilepilot.orchestrator.driver import Driver, ListedSpace, pending_limit
@@ -77,6 +85,37 @@ def _without_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
         return incremental(self)
 
     monkeypatch.setattr(HypothesisHook, "_observations", every_result)
+    _judge_from_scratch(monkeypatch)
+    monkeypatch.setattr(RandomProposer, "_unseen", lambda self, state: [
+        c for c in self._listing() if c not in set(state.results) | state.pending | state.dropped])
+    monkeypatch.setattr(base_mod.SearchState, "seen",
+                        property(lambda self: set(self.results) | self.pending | self.dropped))
+
+
+class _ScratchIndex:
+    """The lab's pair index as it was: every hypothesis' drawn pairs found anew over every observation."""
+
+    def __init__(self, observations: list[Any]) -> None:
+        self.observations = observations
+
+    def drawn(self, h: Any) -> list[Any]:
+        return find_pairs(h, self.observations, drawn=True)
+
+
+def _judge_from_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def feed(self: HypothesisLab, observations: list[Any]) -> None:
+        self._index = _ScratchIndex(list(observations))
+
+    def spread(self: HypothesisLab, observations: list[Any]) -> float:
+        sds = []
+        for h in self.hypotheses.values():
+            x = [math.log(p.ratio) for p in find_pairs(h, observations, drawn=True)]
+            if len(x) >= hyp_mod.MIN_PAIRS:
+                sds.append(statistics.stdev(x))
+        return statistics.median(sds) if sds else hyp_mod.SPREAD_FLOOR
+
+    monkeypatch.setattr(HypothesisLab, "_feed", feed)
+    monkeypatch.setattr(HypothesisLab, "_spread", spread)
 
 
 @pytest.mark.parametrize(("proposer", "budget", "share", "shows"), [

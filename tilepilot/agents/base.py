@@ -27,7 +27,7 @@ Contract, for every implementation:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -75,6 +75,37 @@ class ProposerRecords:
                                self.notes + other.notes)
 
 
+class SeenConfigs(Set[Config]):
+    """The configs of a `SearchState` tried, pending or dropped: a read-only live view of the three,
+    so asking costs nothing however many results there are. A membership test looks in each; counting
+    or iterating takes their union (set operations such as `|` give a plain set)."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, results: Mapping[Config, Result], pending: Set[Config], dropped: Set[Config]) -> None:
+        self._parts = (results, pending, dropped)
+
+    def __contains__(self, config: object) -> bool:
+        return any(config in part for part in self._parts)
+
+    def __iter__(self) -> Iterator[Config]:
+        return iter(self._union())
+
+    def __len__(self) -> int:
+        return len(self._union())
+
+    def _union(self) -> set[Config]:
+        results, pending, dropped = self._parts
+        return set(results).union(pending, dropped)
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[Config]) -> set[Config]:
+        return set(it)
+
+    def __repr__(self) -> str:
+        return f"SeenConfigs({self._union()!r})"
+
+
 @dataclass
 class SearchState:
     """What the driver knows of one problem: finished results and configs in flight."""
@@ -84,8 +115,9 @@ class SearchState:
     dropped: set[Config] = field(default_factory=set)  # taken off the queue unmeasured: never proposed again
 
     @property
-    def seen(self) -> set[Config]:
-        return set(self.results) | self.pending | self.dropped
+    def seen(self) -> SeenConfigs:
+        """Tried, pending or dropped: a live read-only view (see `SeenConfigs`), not a copy."""
+        return SeenConfigs(self.results, self.pending, self.dropped)
 
     def best(self) -> Result | None:
         ok = [r for r in self.results.values() if r.median_ms is not None]

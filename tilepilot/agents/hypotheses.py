@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tilepilot.agents.miner import MAX_ACTIVE, HypothesisMiner, LedgerEntry, _blocked, _same, room_in_scope
-from tilepilot.agents.pairs import Observation, Pair, find_pairs
+from tilepilot.agents.pairs import Observation, Pair, PairIndex, find_pairs
 from tilepilot.experiments import Candidate, Config, Environment, Problem, SearchSpace
 from tilepilot.experiments.hypothesis import (
     Evidence,
@@ -86,14 +86,16 @@ class Judgement:
 
 
 def judge(h: Hypothesis, observations: Iterable[Observation], *, final: bool = False,
-          spread: float = SPREAD_FLOOR) -> tuple[Verdict, list[Evidence]]:
+          spread: float = SPREAD_FLOOR, pairs: Sequence[Pair] | None = None) -> tuple[Verdict, list[Evidence]]:
     """The verdict the results give `h`, and the pairs it rests on (see the module docstring).
 
     `final`: no more results will come (the campaign ends), so an undecided hypothesis is
     inconclusive rather than testing. `spread`: the least standard deviation of the paired
-    log-ratios to believe (the lab passes the campaign's typical spread).
+    log-ratios to believe (the lab passes the campaign's typical spread). `pairs`: the drawn pairs
+    of `h` among the observations, where the caller has them already (the lab's `PairIndex`).
     """
-    pairs = find_pairs(h, observations, drawn=True)
+    if pairs is None:
+        pairs = find_pairs(h, observations, drawn=True)
     noise = max(NOISE_FLOOR, statistics.median(p.spread for p in pairs)) if pairs else NOISE_FLOOR
     evidence = [Evidence(h.id, p.a.key, p.b.key, p.a.problem.key(), p.ratio,
                          "supports" if p.ratio > 1 + noise else "refutes") for p in pairs]
@@ -187,6 +189,10 @@ class HypothesisLab:
         self.hypotheses: dict[str, Hypothesis] = {}
         self._pairs: dict[str, int] = {}
         self._step_spread: float | None = None
+        # the drawn pairs of every hypothesis, indexed as observations arrive (see `_feed`)
+        self._index = PairIndex()
+        self._blocks: dict[Problem, _Block] | None = {}
+        self._sds: dict[str, tuple[Hypothesis, int, float]] = {}  # stdev of log-ratios by pair count
         for e in resumed:
             self.hypotheses[e.hypothesis.id] = e.hypothesis
             self.states[e.hypothesis.id] = e.state
@@ -203,6 +209,7 @@ class HypothesisLab:
         queue per problem; `pending`: queued experiments per hypothesis id.
         """
         room = dict(room)
+        self._feed(observations)
         self._step_spread = None  # computed once per step, on the first judgement
         judgements, learnings = self._judge_all(observations, room, pending, final)
         proposed: list[Hypothesis] = []
@@ -258,7 +265,8 @@ class HypothesisLab:
                    pending: Mapping[str, int], *, final: bool) -> tuple[list[Judgement], list[Learning]]:
         if self._step_spread is None:
             self._step_spread = self._spread(observations)
-        verdict, evidence = judge(h, observations, final=final, spread=self._step_spread)
+        verdict, evidence = judge(h, observations, final=final, spread=self._step_spread,
+                                  pairs=self._index.drawn(h))
         previous = self.states[h.id]
         if verdict.state is HypothesisState.TESTING:
             if not pending.get(h.id) and room_in_scope(h, room) == 0 and previous is HypothesisState.TESTING:
@@ -284,18 +292,40 @@ class HypothesisLab:
             return SPREAD_FLOOR
         sds = []
         for h in self.hypotheses.values():
-            x = [math.log(p.ratio) for p in find_pairs(h, observations, drawn=True)]
-            if len(x) >= MIN_PAIRS:
-                sds.append(statistics.stdev(x))
+            pairs = self._index.drawn(h)  # grows only: the same count is the same pairs
+            if len(pairs) < MIN_PAIRS:
+                continue
+            known = self._sds.get(h.id)
+            if known is None or known[0] is not h or known[1] != len(pairs):
+                known = self._sds[h.id] = (h, len(pairs), statistics.stdev([math.log(p.ratio) for p in pairs]))
+            sds.append(known[2])
         return statistics.median(sds) if sds else SPREAD_FLOOR
+
+    def _feed(self, observations: Sequence[Observation]) -> None:
+        """Index what arrived since the last step. The driver hands each step every observation so
+        far, each problem's in one run, in the order they came, a run extending the last step's:
+        only each run's new tail is read (a run is recognised by its length, first and last
+        observation). Anything else (a list in another order, one that lost observations) is indexed
+        again from scratch."""
+        found = _extension(observations, self._blocks) if self._blocks is not None else None
+        if found is None:
+            self._index, self._sds = PairIndex(), {}
+            found = _extension(observations, {})
+            self._blocks = found[1] if found is not None else None
+            self._index.add(observations)
+            return
+        new, self._blocks = found
+        self._index.add(new)
 
     def _experiments(self, seen: Mapping[Problem, set[Config]], room: dict[Problem, int],
                      pending: Mapping[str, int], judgements: list[Judgement]) -> list[Candidate]:
-        taken = {p: set(configs) for p, configs in seen.items()}
+        taken: dict[Problem, set[Config]] | None = None  # copied when a hypothesis first asks
         out: list[Candidate] = []
         for h in self.active:
             if pending.get(h.id):
                 continue
+            if taken is None:
+                taken = {p: set(configs) for p, configs in seen.items()}
             pairs = self._pairs.get(h.id, 0)
             want = min(max(MIN_PAIRS - pairs, 2), MAX_PAIRS - pairs)
             cands = self.miner.experiments(h, seen=taken, room=room, pairs=want)
@@ -309,6 +339,34 @@ class HypothesisLab:
                 verdict = _restate(last or judge(h, [])[0], HypothesisState.TESTING, "experiments queued")
                 judgements.append(Judgement(h, verdict, (), HypothesisState.PROPOSED))
         return out
+
+
+_Block = tuple[int, Observation, Observation]  # a problem's run of observations: length, first, last
+
+
+def _extension(observations: Sequence[Observation],
+               blocks: Mapping[Problem, _Block]) -> tuple[list[Observation], dict[Problem, _Block]] | None:
+    """The observations not in `blocks` and the runs now, when `observations` holds one run per
+    problem, each extending its run in `blocks` (every problem of `blocks` present); None otherwise."""
+    new: list[Observation] = []
+    runs: dict[Problem, _Block] = {}
+    i, n = 0, len(observations)
+    while i < n:
+        p = observations[i].problem
+        if p in runs:
+            return None  # a problem in two runs
+        count, first, last = blocks.get(p, (0, None, None))
+        if count and (i + count > n or observations[i] is not first or observations[i + count - 1] is not last):
+            return None
+        j = i + count
+        while j < n and (observations[j].problem is p or observations[j].problem == p):
+            j += 1
+        new.extend(observations[i + count:j])
+        runs[p] = (j - i, observations[i], observations[j - 1])
+        i = j
+    if any(p not in runs for p in blocks):
+        return None
+    return new, runs
 
 
 def _restate(v: Verdict, state: HypothesisState, why: str | None = None) -> Verdict:
