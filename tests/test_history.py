@@ -18,6 +18,7 @@ import pytest
 from tests.cli_helpers import run, sql
 from tests.replay_fixture import write_campaign, write_dataset
 from tilepilot.cli import main
+from tilepilot.kernels.registry import param_defaults
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +136,7 @@ def test_imported_experiments_show_as_imported_and_filter_by_status(db, capsys, 
     assert len(imported) == 1 and everything[-1] == imported[0]  # after the measured rows
     assert imported[0]["median_ms"] is None and imported[0]["origin"] == f"vllm:{f.resolve()}"
     assert imported[0]["device"] == "vendor GPU"  # the config as matmul's space writes it: grouped kernel defaults
-    assert imported[0]["config"] == {**cfg, "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False}
+    assert imported[0]["config"] == {**cfg, **param_defaults("matmul")}
     assert history(capsys, db, "--status", "imported") == imported
     assert history(capsys, db, "--status", "imported", "--campaign", "r") == []  # no campaign imported it
     assert history(capsys, db, "--status", "ok", "--device", "vendor") == []

@@ -20,6 +20,7 @@ from tests.cli_helpers import run, sql
 from tests.export_fixture import build_store
 from tests.replay_fixture import write_campaign, write_dataset
 from tilepilot.cli import main
+from tilepilot.kernels.registry import param_defaults
 
 H100 = "NVIDIA H100 80GB HBM3"
 MOE_FILE = "E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json"
@@ -180,14 +181,14 @@ def test_triton_cache_keeps_its_timings_as_the_sources_not_ours(tmp_path, capsys
     assert {r["problem"] for r in rows} == {json.dumps({"M": 512, "N": 1024, "K": 2048, "dtype": "fp16"})}
     by_config = {r["config"]: json.loads(r["origin_data"]) for r in rows}
     for c, timings in TIMED:  # stored as matmul's space writes them: the grouped kernel's defaults filled in
-        data = by_config[json.dumps({**c, "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False})]
+        data = by_config[json.dumps({**c, **param_defaults("matmul")})]
         assert data["timings_ms"] == (None if timings[0] == float("inf") else timings)
         assert data["picked"] is (c == TIMED[1][0]) and data["function"] == "matmul_kernel"
         assert data["tuning_key"][:3] == (["512", "1024", "2048"] if as_text else [512, 1024, 2048])
     assert sql(db, "SELECT COUNT(*) AS n FROM results")[0]["n"] == 0
     code, out, err = run(capsys, "best", "--db", db, "--json")
     (pick,) = [json.loads(x) for x in out.splitlines()]
-    assert pick["config"] == {**TIMED[1][0], "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False}
+    assert pick["config"] == {**TIMED[1][0], **param_defaults("matmul")}
     assert pick["source_ms"] == 0.081 and pick["status"] == "imported"
     code, out, err = run(capsys, "history", "--db", db)
     assert "timed 0.081 ms by Triton's autotuner, its pick" in out and "failed in Triton" in out
