@@ -483,11 +483,13 @@ def test_graph_page_draws_the_store_zooms_and_opens_a_clicked_node(ledger_server
 
 # -- a real campaign -------------------------------------------------------------------------------
 
+# 12 configs per problem, in batches of 4: when the pause comes, the worker holds at most two
+# batches (the one it runs and the next), and the rest is taken back, so the pause holds work back.
 LIVE_RUN = """[campaign]
 name = "live-run"
 kernel = "matmul"
 proposer = "random"
-budget = 6
+budget = 12
 seed = 3
 
 [[problems]]
@@ -582,7 +584,7 @@ def test_overview_follows_a_campaign_that_tilepilot_tune_runs(tmp_path: Path, br
             person.set_control(person.get_campaign("live-run").id, "")  # type: ignore[union-attr]
         assert tune.wait(timeout=RUN_TIMEOUT_S) == 0, tune_log.read_text()
         state, finished_at, best = store_figures(db)  # type: ignore[misc]
-        assert state == "finished" and finished_at == "12/12" and finished_at != paused_at
+        assert state == "finished" and finished_at == "24/24" and finished_at != paused_at
         browser.wait_for(tab, "live-run · finished", f"Trials (done / budget)\n\n{finished_at}", *best)
         assert browser.eval(tab, "window.__tilepilot_same_page === true") is True  # followed in place
     finally:
