@@ -24,22 +24,11 @@ REDUCE_WARPS = 4
 
 
 @triton.jit
-def matmul_splitk_kernel(
-    a_ptr, b_ptr, ws_ptr,
-    M, N, K,
-    stride_am, stride_ak,
-    stride_bk, stride_bn,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr,
-    ALIGN_K: tl.constexpr, ALIGN_N: tl.constexpr,
-):
-    K = aligned(K, ALIGN_K)
-    stride_am = aligned(stride_am, ALIGN_K)
-    N = aligned(N, ALIGN_N)
-    stride_bk = aligned(stride_bk, ALIGN_N)
-    pid_m, pid_n = tile_pid(tl.program_id(axis=0), tl.cdiv(M, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N),
-                            GROUP_SIZE_M)
-    split = tl.program_id(axis=1)
+def split_partial(a_ptr, b_ptr, pid_m, pid_n, split, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                  BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr):
+    """Split `split`'s fp32 partial of output tile (pid_m, pid_n): the product over its range of
+    whole BLOCK_SIZE_K blocks of K (the last range may be shorter, or empty)."""
     k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
     per_split = tl.cdiv(k_blocks, SPLIT_K)
     first = split * per_split
@@ -59,6 +48,28 @@ def matmul_splitk_kernel(
         accumulator = tl.dot(a, b, accumulator)
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
+    return accumulator
+
+
+@triton.jit
+def matmul_splitk_kernel(
+    a_ptr, b_ptr, ws_ptr,
+    M, N, K,
+    stride_am, stride_ak,
+    stride_bk, stride_bn,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    ALIGN_K: tl.constexpr, ALIGN_N: tl.constexpr,
+):
+    K = aligned(K, ALIGN_K)
+    stride_am = aligned(stride_am, ALIGN_K)
+    N = aligned(N, ALIGN_N)
+    stride_bk = aligned(stride_bk, ALIGN_N)
+    pid_m, pid_n = tile_pid(tl.program_id(axis=0), tl.cdiv(M, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N),
+                            GROUP_SIZE_M)
+    split = tl.program_id(axis=1)
+    accumulator = split_partial(a_ptr, b_ptr, pid_m, pid_n, split, M, N, K, stride_am, stride_ak, stride_bk,
+                                stride_bn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_K)
 
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
