@@ -160,6 +160,7 @@ class _Slot:
     retry_at: float | None = None  # shared: when to ask for its name again (still bound to a dead actor)
     quarantined: str = ""
     held: int = 0  # batches sent to the current actor and not yet returned (at most PER_WORKER)
+    sent: int = 0  # parts of batches sent to the current actor so far: the next one's `seq`
     last_ended: float = 0.0  # when the current actor ended this executor's last batch (its clock)
     noted_waiting: bool = False
 
@@ -373,7 +374,7 @@ class RayExecutor(Executor):
             opts["name"] = f"tilepilot-{slot.worker_id}"
         slot.actor = EvalWorker.options(**opts).remote(self.backend, worker_id=slot.worker_id)
         slot.info = None
-        slot.held = 0
+        slot.held = slot.sent = 0
         slot.last_ended = 0.0
         slot.why = why
         slot.retry_at = None
@@ -653,7 +654,10 @@ class RayExecutor(Executor):
     def _send(self, slot: _Slot, pending: _Pending) -> None:
         indices = tuple(pending.unsent())
         configs = [pending.batch.configs[i] for i in indices]
-        ref = slot.actor.run_batch.remote(self.family.name, pending.batch.problem, configs, self.timeout_s)
+        # numbered, so the batch it holds ahead runs after this one (a shared actor has other callers: unnumbered)
+        seq = None if self.shared else slot.sent
+        slot.sent += 1
+        ref = slot.actor.run_batch.remote(self.family.name, pending.batch.problem, configs, self.timeout_s, seq)
         pending.sent.update(indices)
         pending.requeued = False
         self.running_refs[ref] = (slot, slot.actor, pending)

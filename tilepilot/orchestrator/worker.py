@@ -156,13 +156,20 @@ class _Turns:
         self._next = 0
         self._serving = 0
 
+    def take(self) -> int:
+        """A ticket now, to wait on later with `turn(ticket)`."""
+        with self._cond:
+            self._next += 1
+            return self._next - 1
+
     @contextmanager
-    def turn(self) -> Iterator[float]:
-        """Wait for this caller's turn; yields the seconds it waited."""
+    def turn(self, ticket: int | None = None) -> Iterator[float]:
+        """Wait for this caller's turn (a ticket taken now, or the one given); yields the seconds it waited."""
         t0 = time.monotonic()
         with self._cond:
-            ticket = self._next
-            self._next += 1
+            if ticket is None:
+                ticket = self._next
+                self._next += 1
             while self._serving != ticket:
                 self._cond.wait()
         try:
@@ -185,6 +192,8 @@ class EvalWorker:
                          "spread_target": spread_target, "time_cap_ms": time_cap_ms}
         self._startup_timeout_s = startup_timeout_s
         self._turns = _Turns()
+        self._order = threading.Condition()  # run_batch requests numbered by their one caller (see `_in_order`)
+        self._next_seq = 0
         self._node = socket.gethostname()
         self._node_id = ray.get_runtime_context().get_node_id()
         self._running = ""  # what the child runs now, for sample()
@@ -214,9 +223,12 @@ class EvalWorker:
         with self._turn():
             return self._batch("evaluate", kernel, problem, list(configs), (), timeout_s)
 
-    def run_batch(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float) -> BatchReply:
-        """`evaluate`, with the seconds the batch waited for its turn (other callers' requests)."""
-        with self._turn() as waited_s:
+    def run_batch(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float,
+                  seq: int | None = None) -> BatchReply:
+        """`evaluate`, with the seconds the batch waited for its turn (other callers' requests).
+        `seq`: the batch's number from the actor's one caller (0, 1, ...), which holds it a batch
+        ahead: batches run in that order, whichever of the actor's threads got to its request first."""
+        with self._turn(self._in_order(seq)) as waited_s:
             compiles, wakes = self._compiles, self._wakes
             started = time.time()
             results = self._batch("evaluate", kernel, problem, list(configs), (), timeout_s)
@@ -272,10 +284,24 @@ class EvalWorker:
         return telemetry.sample_gpu(self._uuid, self._node, self._worker_id, self._running)
 
     # ---- turns and quarantine -----------------------------------------------------------------
+    def _in_order(self, seq: int | None) -> int | None:
+        """The turn ticket of request number `seq`, taken after request seq - 1 took its own (None:
+        the request is not numbered and takes its ticket on arrival)."""
+        if seq is None:
+            return None
+        with self._order:
+            while self._next_seq != seq:
+                self._order.wait()
+            ticket = self._turns.take()
+            self._next_seq += 1
+            self._order.notify_all()
+        return ticket
+
     @contextmanager
-    def _turn(self) -> Iterator[float]:
-        """This request's turn on the child (in arrival order); refused once the worker is quarantined."""
-        with self._turns.turn() as waited_s:
+    def _turn(self, ticket: int | None = None) -> Iterator[float]:
+        """This request's turn on the child (in arrival order, or the ticket's); refused once the
+        worker is quarantined."""
+        with self._turns.turn(ticket) as waited_s:
             if self._quarantined:
                 raise WorkerQuarantined(self._worker_id, self._quarantined)
             yield waited_s
