@@ -400,6 +400,7 @@ def run_campaign(name: str, cache: Path, *, workers: int, batch_size: int, confi
                       "trials_per_s": in_window / (w1 - w0) if w1 > w0 else None},
            "gpu_busy": busy, "gpu_busy_samples": samples,
            "statuses": dict(Counter(str(r.status) for r in results)),
+           "stop_reasons": stop_reasons(results),
            "orchestration_ms_per_trial": (wall - executor.waited_s) / len(results) * 1e3,
            "gpu_process_compiles_total": _sum_or_none(i.compiles for i in infos),
            "pipeline_depth": _depth(watch.depth)}
@@ -440,6 +441,9 @@ def _ms(values: list[float]) -> dict[str, float] | None:
             "max": round(max(values) * 1e3, 2)}
 
 
+FIRST_BATCHES = 4  # the first batches the GPU ran, their steps in seconds from the clock's start
+
+
 def breakdown(traces: list[BatchTrace], results: list[Any], start: float, end: float) -> dict[str, Any]:
     """Where the time went, from the executor's batch traces and the results (see the docstring)."""
     trials = max(1, len(results))
@@ -473,6 +477,9 @@ def breakdown(traces: list[BatchTrace], results: list[Any], start: float, end: f
                       "ended_to_returned": _ms([t.returned - t.ended for t in traces]),
                       "handoff_to_next": _ms(handoff)},
         "compiled_per_s": len(results) / (max(compiled) - min(t.submitted for t in traces)) if traces else None,
+        "first_batches": [{"configs": t.configs, **{k: round(getattr(t, k) - start, 3) for k in (
+            "submitted", "compiled", "dispatched", "started", "ended", "returned")}}
+            for t in sorted(traces, key=lambda t: t.started)[:FIRST_BATCHES]],
     }
 
 
@@ -527,7 +534,12 @@ def arm_inline(problem: Any, configs: list[Any], cache: Path) -> dict[str, Any]:
             "compile_ms_per_config": round(statistics.fmean(compile_ms), 1) if compile_ms else None,
             "gpu_process_compiles": None if after.compiles is None else after.compiles - (info.compiles or 0),
             "wakes_after_idle": after.wakes - info.wakes,
-            "statuses": dict(Counter(str(r.status) for r in results))}
+            "statuses": dict(Counter(str(r.status) for r in results)), "stop_reasons": stop_reasons(results)}
+
+
+def stop_reasons(results: list[Any]) -> dict[str, int]:
+    """How the timings of the ok results ended (spread, cap, outclassed: not timed beyond verification)."""
+    return dict(Counter(r.timing.stop_reason for r in results if r.timing is not None))
 
 
 def part_gpu(args: argparse.Namespace) -> dict[str, Any]:

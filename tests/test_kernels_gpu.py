@@ -35,7 +35,7 @@ def prob(m: int, n: int, k: int, dtype: str) -> Problem:
 def evaluator() -> Iterator[object]:
     from tilepilot.kernels.evaluate import Evaluator
 
-    yield Evaluator("gpu", rounds=2, block_ms=2.0)
+    yield Evaluator("gpu", rounds=2, block_ms=2.0, outclass_ratio=None)  # every config timed
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -157,6 +157,24 @@ def test_timings_are_sane_against_cublas(evaluator) -> None:
     assert 50 < work.tflops(result.median_ms) < 1200
     assert result.median_ms < 5 * cublas.median_ms
     assert cublas.p20_ms <= cublas.median_ms <= cublas.p80_ms
+
+
+def test_a_config_far_slower_than_the_best_is_verified_but_not_timed_further() -> None:
+    from tilepilot.kernels.evaluate import Evaluator
+
+    ev = Evaluator("gpu")  # outclass_ratio 2 by default
+    problem, fast, slow = prob(4096, 4096, 4096, "fp16"), cfg(128, 256, 64, w=8), cfg(32, 32, 32, w=2, s=2)
+    first = ev.evaluate("matmul", problem, [fast, slow])
+    assert [r.status for r in first] == [Status.OK, Status.OK]
+    assert first[0].timing.stop_reason in ("spread", "cap") and first[0].timing.l2_flushed
+    t = first[1].timing
+    assert (t.stop_reason, t.reps, t.l2_flushed) == ("outclassed", 3, False)  # its 3 verification launches
+    assert t.median_ms >= 2 * first[0].timing.median_ms and t.timed_ms == pytest.approx(3 * t.median_ms, rel=0.2)
+    [alone] = ev.evaluate("matmul", problem, [slow])  # the best timed before is the reference
+    assert alone.timing.stop_reason == "outclassed"
+    [close] = ev.remeasure("matmul", problem, [slow])  # a re-measurement times every config
+    assert close.timing.stop_reason in ("spread", "cap") and close.timing.l2_flushed
+    assert 0.8 < t.median_ms / close.timing.median_ms < 1.25  # the verification launches told its time
 
 
 def test_recheck_passes_on_fresh_inputs(evaluator) -> None:

@@ -45,7 +45,7 @@ PROBLEMS = [prob(33, 47, 65, "fp16"), prob(33, 40, 72, "bf16"), prob(1, 4096, 40
 def evaluator() -> Iterator[Any]:
     from tilepilot.kernels.evaluate import Evaluator
 
-    yield Evaluator("gpu", rounds=2, block_ms=2.0)
+    yield Evaluator("gpu", rounds=2, block_ms=2.0, outclass_ratio=None)  # every config timed
 
 
 @pytest.fixture(scope="module")

@@ -190,3 +190,45 @@ def test_timing_without_adaptive_fields_keeps_its_old_meaning() -> None:
     t = Timing(1.0, 0.9, 1.1, 0.8, 10, True)
     assert (t.spread_target, t.time_cap_ms, t.stop_reason, t.timed_ms) == (None, None, "", None)
     assert t.method == "cuda-events"
+
+
+# ---- outclassed configs ----------------------------------------------------------------------------
+def verified(index: int, verify_ms: list[float]) -> object:
+    from tilepilot.kernels.evaluate import _Verified
+
+    return _Verified(index, [], 0.001, None, verify_ms=verify_ms)
+
+
+OUTCLASS = TimingPlan(outclass_ratio=2.0, outclass_min_ms=0.2)
+
+
+def test_a_config_twice_as_slow_as_the_batch_best_is_not_timed_further() -> None:
+    from tilepilot.kernels.evaluate import outclassed_timings
+
+    batch = [verified(0, [0.30, 0.31, 0.29]), verified(1, [0.61, 0.60, 0.90]), verified(2, [0.55, 0.59, 0.58])]
+    got = outclassed_timings(batch, OUTCLASS, math.inf)  # type: ignore[arg-type]
+    assert list(got) == [1]  # 0.61 >= 2 x 0.30; 0.58 is not
+    t = got[1]
+    assert (t.median_ms, t.min_ms, t.reps, t.stop_reason, t.l2_flushed) == (0.61, 0.60, 3, "outclassed", False)
+    assert t.timed_ms == pytest.approx(2.11) and t.method == "cuda-events"
+
+
+def test_the_best_time_seen_before_outclasses_a_batch_of_slow_configs() -> None:
+    from tilepilot.kernels.evaluate import outclassed_timings
+
+    batch = [verified(0, [1.0, 1.0, 1.0]), verified(1, [1.9, 1.9, 1.9])]
+    assert outclassed_timings(batch, OUTCLASS, math.inf) == {}  # type: ignore[arg-type]  # 1.9 < 2 x 1.0
+    assert outclassed_timings(batch, OUTCLASS, 0.9).keys() == {1}  # type: ignore[arg-type]
+    assert outclassed_timings(batch, OUTCLASS, 0.4).keys() == {0, 1}  # type: ignore[arg-type]
+    assert outclassed_timings(batch[:1], OUTCLASS, math.inf) == {}  # type: ignore[arg-type]  # never itself
+
+
+def test_short_kernels_and_plans_without_a_ratio_are_always_timed() -> None:
+    from tilepilot.kernels.evaluate import outclassed_timings
+
+    batch = [verified(0, [0.01] * 3), verified(1, [0.15] * 3), verified(2, [])]
+    assert outclassed_timings(batch, OUTCLASS, math.inf) == {}  # type: ignore[arg-type]  # under 0.2 ms
+    slow = [verified(0, [0.3] * 3), verified(1, [3.0] * 3)]
+    assert outclassed_timings(slow, TimingPlan(), math.inf) == {}  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="outclass_ratio must be above 1"):
+        TimingPlan(outclass_ratio=1.0)

@@ -9,7 +9,7 @@ from typing import Any
 from tilepilot.experiments.status import Status
 from tilepilot.experiments.values import Config, Problem
 
-STOP_REASONS = ("spread", "cap", "")  # why adaptive repetitions stopped; "" where not adaptive
+STOP_REASONS = ("spread", "cap", "outclassed", "")  # why adaptive repetitions stopped; "" where not adaptive
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,10 @@ class Timing:
     over enough copies to exceed the L2).
     The adaptive fields say how the repetitions ended: rounds were added until `rel_spread` was
     at most `spread_target` ("spread") or `timed_ms`, the GPU time spent timing this config,
-    reached `time_cap_ms` ("cap"); None and "" where the repetitions were fixed.
+    reached `time_cap_ms` ("cap"); None and "" where the repetitions were fixed. "outclassed": the
+    config was not timed at all, its verification launches having already taken at least twice the
+    best time of the problem (see evaluate.py); its samples are those launches, one per input set,
+    with L2 not flushed.
     """
 
     median_ms: float

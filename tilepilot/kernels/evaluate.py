@@ -12,6 +12,15 @@ never passes: `wrong_result`). Then the verified configs are timed together, int
 adaptive repetitions under the evaluator's TimingPlan (see timing.py), and NVML is read once right
 after (SM clock, power, temperature).
 
+Outclassed (GPU, a plan with `outclass_ratio`, the evaluator's own by default, never `remeasure`):
+each verification launch is timed with CUDA events as it runs. A config whose verification launches
+took, in the median, at least `outclass_ratio` (2) times the problem's reference time and at least
+`outclass_min_ms` is not timed further, like an autotuner that re-benchmarks only the configs near
+the best: its Timing is those launches (one per input set, L2 not flushed, stop reason
+"outclassed"). The reference is the lower of the best median this evaluator has timed for the
+problem (same kernel source) and the batch's lowest verification median. Slow configs are where
+a grid's GPU time goes (a config 10x off costs 10x per launch); none of them can be a winner.
+
 Cold L2 (a family with `l2_flush`): the timed launches rotate over copies of the problem's data
 (the input sets first, then clones of them, each copy with its own output) that together exceed
 twice the L2, made once per problem and kept with its inputs; where that many copies would take
@@ -42,6 +51,7 @@ import dataclasses
 import logging
 import math
 import os
+import statistics
 import sys
 import time
 from collections import OrderedDict
@@ -65,7 +75,15 @@ from tilepilot.kernels import failures, telemetry
 from tilepilot.kernels.base import KernelFamily, Target, poison
 from tilepilot.kernels.compile import interpreting
 from tilepilot.kernels.registry import get_family
-from tilepilot.kernels.timing import GpuTimer, TimingPlan, cold_copies_needed, time_cpu
+from tilepilot.kernels.timing import (
+    METHOD_EVENTS,
+    STOP_OUTCLASSED,
+    GpuTimer,
+    TimingPlan,
+    cold_copies_needed,
+    summarise,
+    time_cpu,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +95,7 @@ RECHECK_SEED_OFFSET = 1_000_003
 CPU_ROUNDS = 3
 COLD_CAP_BYTES = 2 * 2**30  # memory for the copies of one problem's data rotated for cold timing
 MAX_COLD_COPIES = 512
+OUTCLASS_RATIO = 2.0  # see the module docstring
 
 OnStart = Callable[[int], None]
 
@@ -146,6 +165,7 @@ class _Verified:
     compile_ms: float | None
     extra: dict[str, Any] = field(default_factory=dict)
     compiled: Any = None
+    verify_ms: list[float] = field(default_factory=list)  # GPU: each verification launch, CUDA events
 
 
 class Evaluator:
@@ -154,20 +174,23 @@ class Evaluator:
 
     def __init__(self, backend: str, *, input_sets: int = 3, seed: int = 0, rounds: int = 3,
                  block_ms: float = 1.0, spread_target: float = 0.02, time_cap_ms: float = 15.0,
-                 cold_cap_bytes: int = COLD_CAP_BYTES) -> None:
+                 cold_cap_bytes: int = COLD_CAP_BYTES, outclass_ratio: float | None = OUTCLASS_RATIO) -> None:
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r} for the evaluator (allowed: {', '.join(BACKENDS)})")
-        if input_sets < 1 or rounds < 1 or not block_ms > 0 or spread_target < 0 or not time_cap_ms > 0:
+        if (input_sets < 1 or rounds < 1 or not block_ms > 0 or spread_target < 0 or not time_cap_ms > 0
+                or (outclass_ratio is not None and not outclass_ratio > 1)):
             raise InputError(f"bad timing options (input_sets={input_sets}, rounds={rounds}, block_ms={block_ms}, "
-                             f"spread_target={spread_target}, time_cap_ms={time_cap_ms}): input_sets and rounds "
-                             "at least 1, block_ms and time_cap_ms positive, spread_target at least 0")
+                             f"spread_target={spread_target}, time_cap_ms={time_cap_ms}, "
+                             f"outclass_ratio={outclass_ratio}): input_sets and rounds at least 1, block_ms and "
+                             "time_cap_ms positive, spread_target at least 0, outclass_ratio above 1 or None")
         self.backend = backend
         self.input_sets = input_sets
         self.seed = seed
         self.plan = TimingPlan(rounds=rounds, block_ms=block_ms, spread_target=spread_target,
-                               time_cap_ms=time_cap_ms)
+                               time_cap_ms=time_cap_ms, outclass_ratio=outclass_ratio)
         self.cold_cap_bytes = cold_cap_bytes
         self._problems: OrderedDict[tuple[str, Problem], _ProblemData] = OrderedDict()
+        self._best_ms: dict[tuple[str, str, Problem], float] = {}  # (kernel, source hash, problem): best median
         self._timer: GpuTimer | None = None
         self._env: Environment | None = None
         self._rechecks = 0
@@ -222,7 +245,8 @@ class Evaluator:
         """Evaluate again, more closely: at least `rounds` interleaved rounds of twice the usual
         block length, half the spread target and four times the time cap."""
         plan = dataclasses.replace(self.plan, rounds=rounds, block_ms=2 * self.plan.block_ms,
-                                   spread_target=self.plan.spread_target / 2, time_cap_ms=4 * self.plan.time_cap_ms)
+                                   spread_target=self.plan.spread_target / 2, time_cap_ms=4 * self.plan.time_cap_ms,
+                                   outclass_ratio=None)
         return self._run(kernel, problem, configs, plan, on_start)
 
     def ceilings(self) -> DeviceCeilings | None:
@@ -280,16 +304,23 @@ class Evaluator:
             outcomes.append(self._prepare(i, family, problem, config, data))
         verified = [o for o in outcomes if isinstance(o, _Verified)]
         plan = dataclasses.replace(plan, flush_l2=family.l2_flush)
+        best_key = (kernel, _source_hash(family), problem)
+        outclassed = outclassed_timings(verified, plan, self._best_ms.get(best_key, math.inf))
         try:
-            timings, copies = self._time(family, problem, data, verified, configs, plan, on_start)
+            timings, copies = self._time(family, problem, data, [v for v in verified if v.index not in outclassed],
+                                         configs, plan, on_start)
         except Exception as e:
             if failures.launch_failure(e) is not Status.OOM:
                 raise
             self._free()
             outcomes = [self._failed(problem, configs[o.index], Status.OOM, f"while timing: {failures.one_line(e)}",
                                      max_rel_err=o.max_rel_err, compile_ms=o.compile_ms, extra=o.extra)
-                        if isinstance(o, _Verified) else o for o in outcomes]
+                        if isinstance(o, _Verified) and o.index not in outclassed else o for o in outcomes]
             timings, copies = {}, 0
+        if timings:
+            best = min(t.median_ms for t in timings.values())
+            self._best_ms[best_key] = min(best, self._best_ms.get(best_key, math.inf))
+        timings = {**timings, **outclassed}
         tele = telemetry.result_telemetry(self.gpu_uuid())
         work = family.work(problem)
         measured = {"work_flops": work.flops, "work_bytes": work.bytes, **({"cold_copies": copies} if copies else {})}
@@ -321,10 +352,11 @@ class Evaluator:
                                     _shared_message(extra["shared_bytes"], target), compile_ms=compile_ms,
                                     extra=extra)
         errors: list[float] = []
+        launch_ms: list[float] = []
         try:
             launches = [family.launcher(problem, config, inputs, data.out, compiled) for inputs in data.inputs]
             for s, fn in enumerate(launches):
-                errors.append(self._checked_launch(family, problem, fn, data.out, data.refs[s]))
+                errors.append(self._checked_launch(family, problem, fn, data.out, data.refs[s], launch_ms))
                 if not _passes(errors[-1], data.tolerance):
                     return self._failed(problem, config, Status.WRONG_RESULT,
                                         _wrong_message(errors[-1], data.tolerance, s, data.out),
@@ -334,18 +366,25 @@ class Evaluator:
             return self._failed(problem, config, status, failures.one_line(e), compile_ms=compile_ms, extra=extra)
         if compiled is not None:
             extra.update(n_regs=getattr(compiled, "n_regs", None), n_spills=getattr(compiled, "n_spills", None))
-        return _Verified(i, launches, max(errors), compile_ms, extra, compiled)
+        return _Verified(i, launches, max(errors), compile_ms, extra, compiled, launch_ms)
 
     def _checked_launch(self, family: KernelFamily, problem: Problem, fn: Callable[[], None], out: Any,
-                        ref: Any) -> float:
+                        ref: Any, launch_ms: list[float]) -> float:
         """Poison the output, launch once, and the family's error of the output (inf where the
-        family's error is not a finite number)."""
+        family's error is not a finite number). GPU: the launch's time (CUDA events) is appended
+        to `launch_ms`."""
         import torch
 
         poison(out)
-        fn()
         if self.backend == "gpu":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
             torch.cuda.synchronize()
+            launch_ms.append(start.elapsed_time(end))
+        else:
+            fn()
         err = float(family.error(problem, out, ref))
         return err if math.isfinite(err) else math.inf
 
@@ -463,6 +502,31 @@ class Evaluator:
 
 
 # ---- module helpers ------------------------------------------------------------------------------
+def _source_hash(family: KernelFamily) -> str:
+    """The family's source hash, "" for a family whose source cannot be read (one defined in
+    `__main__` or an interactive session)."""
+    try:
+        return family.source_hash()
+    except (ImportError, OSError, TypeError, ValueError):
+        return ""
+
+
+def outclassed_timings(verified: Sequence[_Verified], plan: TimingPlan, best_ms: float) -> dict[int, Timing]:
+    """The Timings of the verified configs that need no timing (see the module docstring), by
+    index: those whose verification launches took, in the median, at least `plan.outclass_ratio`
+    times the lower of `best_ms` and the batch's lowest verification median (and at least
+    `plan.outclass_min_ms`). None without `plan.outclass_ratio` or verification times."""
+    if plan.outclass_ratio is None:
+        return {}
+    medians = {v.index: statistics.median(v.verify_ms) for v in verified if v.verify_ms}
+    if not medians:
+        return {}
+    bar = max(plan.outclass_min_ms, plan.outclass_ratio * min(best_ms, *medians.values()))
+    return {v.index: summarise(v.verify_ms, l2_flushed=False, method=METHOD_EVENTS, spread_target=plan.spread_target,
+                               time_cap_ms=plan.time_cap_ms, stop_reason=STOP_OUTCLASSED, timed_ms=sum(v.verify_ms))
+            for v in verified if v.index in medians and medians[v.index] >= bar}
+
+
 def _compile(family: KernelFamily, problem: Problem, config: Config, target: Target,
              ) -> tuple[Any | None, float, str]:
     t0 = time.perf_counter()

@@ -53,7 +53,7 @@ Launch = Callable[[], None]
 OnStart = Callable[[int], None]
 
 METHOD_EVENTS, METHOD_GRAPH, METHOD_CPU = "cuda-events", "cuda-graph", "cpu-wallclock"
-STOP_SPREAD, STOP_CAP = "spread", "cap"
+STOP_SPREAD, STOP_CAP, STOP_OUTCLASSED = "spread", "cap", "outclassed"
 
 MAX_SAMPLES = 100  # samples in one events block
 WARMUP_LAUNCHES = 2
@@ -80,11 +80,18 @@ class TimingPlan:
     spread_target: float = 0.02  # (p80 - p20) / median at or under which a kernel stops
     time_cap_ms: float = 15.0  # GPU time spent timing one kernel after which it stops
     graph_below_ms: float = 0.05  # kernels shorter than this are timed by CUDA-graph replay
+    # Evaluator only: a config whose verification launches took at least this many times the
+    # problem's best time (and at least outclass_min_ms) is not timed further; None: every config
+    # is timed (see evaluate.py)
+    outclass_ratio: float | None = None
+    outclass_min_ms: float = 0.2
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or not self.block_ms > 0 or self.spread_target < 0 or not self.time_cap_ms > 0:
             raise ValueError(f"bad timing plan {self}: rounds >= 1, block_ms > 0, spread_target >= 0 "
                              "and time_cap_ms > 0")
+        if self.outclass_ratio is not None and not self.outclass_ratio > 1:
+            raise ValueError(f"bad timing plan {self}: outclass_ratio must be above 1, or None")
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:

@@ -32,6 +32,11 @@ Everything sent pickles: Results, Checks, Timings, DeviceCeilings and CompileOut
 dataclasses.
 The compile role runs at a lower CPU priority (COMPILE_NICE): on a node whose every CPU compiles,
 the GPU children and the campaign driver still get a CPU when they need one.
+Warm start: before it answers "ready", a compile child compiles one small matmul into a throwaway
+cache (a process's first Triton compile costs about a second more than the next ones: Triton's
+NVIDIA backend, LLVM and ptxas loading), and a GPU child runs a small random fill and matmuls in
+fp32, fp16 and bf16 (the CUDA context, cuRAND and cuBLAS), so that a campaign's first batch pays
+neither. The seconds it took are in the child's info ("warm_up_s").
 The child exits by itself when its parent is gone. This module imports neither torch nor
 triton at module level: it is the first module the spawned process loads.
 """
@@ -380,6 +385,10 @@ class _EvalServer:
         from tilepilot.kernels.evaluate import Evaluator
 
         self.evaluator = Evaluator(backend, **options)
+        t0 = time.perf_counter()
+        if backend == "gpu":
+            _warm_up_gpu()
+        self.warm_up_s = time.perf_counter() - t0
         self.compiles = _CompileCounter(backend)
         self._wakes = 0
 
@@ -393,7 +402,7 @@ class _EvalServer:
     def info(self) -> dict[str, Any]:
         ev = self.evaluator
         return {"pid": os.getpid(), "environment": ev.environment(), "target": ev.target(),
-                "gpu_uuid": ev.gpu_uuid()}
+                "gpu_uuid": ev.gpu_uuid(), "warm_up_s": round(self.warm_up_s, 3)}
 
     def handle(self, op: str, args: tuple[Any, ...], on_start: Callable[[int], None]) -> Any:
         ev = self.evaluator
@@ -416,6 +425,41 @@ class _EvalServer:
         raise ValueError(f"unknown request {op!r} for an evaluating child")
 
 
+def _warm_up_gpu() -> None:
+    """The CUDA context, cuRAND (inputs) and cuBLAS (references in fp32, baselines in fp16 and
+    bf16), initialised before the first batch (see the module docstring)."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn((256, 256), generator=gen, device="cuda", dtype=torch.float32)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        y = x.to(dtype)
+        y @ y
+    torch.cuda.synchronize()
+
+
+def _warm_up_compiler() -> None:
+    """One small matmul compiled for sm_90 into a throwaway cache (see the module docstring). A
+    failure is logged and left to the real compiles to report."""
+    import tempfile
+
+    from tilepilot.experiments import Config, Problem
+    from tilepilot.kernels.base import Target
+    from tilepilot.kernels.evaluate import compile_config
+
+    config = Config.of({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
+                        "num_warps": 4, "num_stages": 2})
+    cache = os.environ.get("TRITON_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="tilepilot-warm-up-") as tmp:
+        os.environ["TRITON_CACHE_DIR"] = tmp
+        try:
+            compile_config("matmul", Problem.of({"M": 64, "N": 64, "K": 64, "dtype": "fp16"}), config, Target())
+        except Exception as e:  # the real compiles say what is wrong, config by config
+            log.warning("compiler warm-up failed: %s", e)
+        finally:
+            _set_env("TRITON_CACHE_DIR", cache)
+
+
 def _health(backend: str) -> float:
     """A 64x64 matmul on the child's device, synchronised by reading the sum back (4096 * 64)."""
     import torch
@@ -431,10 +475,13 @@ class _CompileServer:
         from tilepilot.kernels import evaluate
 
         self.compile_config = evaluate.compile_config
+        t0 = time.perf_counter()
+        _warm_up_compiler()
+        self.warm_up_s = time.perf_counter() - t0
         self.compiles = _CompileCounter("compile")
 
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid()}
+        return {"pid": os.getpid(), "warm_up_s": round(self.warm_up_s, 3)}
 
     def counts(self) -> dict[str, int | None]:
         return {"compiles": self.compiles.take()}

@@ -50,7 +50,9 @@ def timing_table(e: ExperimentDetail) -> pd.DataFrame:
         ("L2 flushed", None if e.l2_flushed is None else ("yes" if e.l2_flushed else "no")),
         ("spread target", None if e.spread_target is None else f"{100 * e.spread_target:.2f} %"),
         ("time cap", None if e.time_cap_ms is None else ms(e.time_cap_ms)),
-        ("stopped by", {"spread": "spread reached the target", "cap": "time cap reached"}.get(e.stop_reason)),
+        ("stopped by", {"spread": "spread reached the target", "cap": "time cap reached",
+                        "outclassed": "not timed: its verification launches took at least twice the best time"
+                        }.get(e.stop_reason)),
         ("GPU time timing it", None if e.timed_ms is None else ms(e.timed_ms)),
     ]
     return pd.DataFrame([{"timing": k, "value": str(v)} for k, v in rows if v not in (None, "", "—", "— – —")])
