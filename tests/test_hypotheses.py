@@ -258,6 +258,27 @@ def test_miner_does_not_repropose_what_the_ledger_decided():
         assert not any(d.hypothesis.same_question(h) and d.hypothesis.scope.overlaps(h.scope) for d in decided)
 
 
+def test_the_miners_question_index_blocks_exactly_what_the_ledger_scan_blocks():
+    from tilepilot.agents.miner import _blocked, _Questions
+
+    rng = random.Random(3)
+    scopes = ["all", "M<=64", "M>=128", "K>=4096", "M<=64, K>=4096", "dtype=bf16"]
+    params = [("num_stages", (2, 3, 4)), ("BLOCK_SIZE_N", (64, 128)), ("VARIANT", ("grouped", "tma"))]
+
+    def random_hyp() -> Hypothesis:
+        name, values = rng.choice(params)
+        a, b = rng.sample(values, 2)
+        return hyp(name, a, b, rng.choice(scopes), rng.choice(["c1", "c2"]))
+
+    for _ in range(20):
+        entries = [LedgerEntry(random_hyp(), rng.choice(list(HypothesisState)), here=rng.random() < 0.3)
+                   for _ in range(rng.randrange(0, 12))]
+        index = _Questions(entries)
+        for _ in range(30):
+            h = random_hyp()
+            assert index.blocks(h.kernel, h.device, h.param, h.a, h.b, h.scope) == _blocked(h, entries), h.text
+
+
 def test_miner_proposes_nothing_without_budget_or_enough_results():
     assert miner().mine(sample(3), known=[], room={p: 2 for p in PROBLEMS}, max_new=3) == []
     obs = sample(6, seed=1)

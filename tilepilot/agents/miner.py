@@ -34,7 +34,8 @@ import numpy as np
 
 from tilepilot.agents.pairs import Observation
 from tilepilot.experiments import Candidate, Config, Problem, SearchSpace, Value
-from tilepilot.experiments.hypothesis import Bound, Hypothesis, HypothesisState, Scope
+from tilepilot.experiments.hypothesis import Bound, Hypothesis, HypothesisState, Scope, statement_key
+from tilepilot.experiments.values import canonical_json
 
 NAME = "hypotheses"  # the proposer name on the candidates the miner queues
 MAX_ACTIVE = 3  # hypotheses under test at once, per campaign
@@ -136,16 +137,16 @@ class HypothesisMiner:
         claims = [c for c in self._claims(estimates, min_problems)]
         claims.sort(key=lambda c: (-c.score, c.param, str(c.a), c.scope.key()))
         chosen: list[Hypothesis] = []
-        entries = list(known)
+        asked = _Questions(known)
         for c in claims:
+            if asked.blocks(self.kernel, self.device, c.param, c.a, c.b, c.scope):
+                continue
             h = Hypothesis.new(origin=self.origin, kernel=self.kernel, device=self.device, param=c.param,
                                a=c.a, b=c.b, scope=c.scope, rationale=self._why(c, by_problem))
-            if _blocked(h, entries):
-                continue
             if room_in_scope(h, room) < 2:
                 continue  # no budget left in scope to draw a pair
             chosen.append(h)
-            entries.append(LedgerEntry(h, HypothesisState.PROPOSED))
+            asked.add(LedgerEntry(h, HypothesisState.PROPOSED))
             if len(chosen) == max_new:
                 break
         return chosen
@@ -306,6 +307,34 @@ def _cells(config: Config, param: str) -> list[tuple[str, ...]]:
     """The values of the other parameters, alone and two by two: what a balanced draw spreads."""
     values = [f"{k}={v!r}" for k, v in config.items() if k != param]
     return [(v,) for v in values] + list(itertools.combinations(values, 2))
+
+
+class _Questions:
+    """The ledger's entries by question (kernel, device, parameter and the two values in either
+    order), so that `blocks` is `_blocked` of a would-be hypothesis without making it: a mining
+    round weighs hundreds of claims, nearly all of them asked already."""
+
+    def __init__(self, entries: Sequence[LedgerEntry]) -> None:
+        self._by: dict[tuple[str, str, str, frozenset[str]], list[LedgerEntry]] = {}
+        for e in entries:
+            self.add(e)
+
+    @staticmethod
+    def _key(kernel: str, device: str, param: str, a: Value, b: Value) -> tuple[str, str, str, frozenset[str]]:
+        return kernel, device, param, frozenset((canonical_json({"v": a}), canonical_json({"v": b})))
+
+    def add(self, e: LedgerEntry) -> None:
+        g = e.hypothesis
+        self._by.setdefault(self._key(g.kernel, g.device, g.param, g.a, g.b), []).append(e)
+
+    def blocks(self, kernel: str, device: str, param: str, a: Value, b: Value, scope: Scope) -> bool:
+        same = self._by.get(self._key(kernel, device, param, a, b))
+        if not same:
+            return False
+        key = statement_key(kernel, device, param, a, b, scope)
+        return any(e.hypothesis.statement_key == key
+                   or ((e.here or e.state is not HypothesisState.INCONCLUSIVE) and e.hypothesis.scope.overlaps(scope))
+                   for e in same)
 
 
 def _blocked(h: Hypothesis, entries: Sequence[LedgerEntry]) -> bool:
