@@ -88,24 +88,30 @@ def run_campaign(work: Path, run: int, budget: int, seed: int, timeout_s: float)
             "stop_reasons": stops, "mean_timed_ms": statistics.fmean(t["timed_ms"] for t in timed) if timed else None}
 
 
-def remeasure(problem: Problem, configs: list[Config]) -> dict[Config, list[float]]:
+def remeasure(problem: Problem, configs: list[Config]) -> tuple[dict[Config, list[float]], list[dict[str, Any]]]:
+    """Each config's median in each of the REMEASURES re-measurements, and the NVML readings
+    taken right after each (SM clock, power, temperature), to tell drift of the GPU from noise."""
     from tilepilot.kernels.evaluate import Evaluator
 
     ev = Evaluator("gpu")
     medians: dict[Config, list[float]] = {c: [] for c in configs}
+    readings: list[dict[str, Any]] = []
     for _ in range(REMEASURES):
-        for r in ev.remeasure("matmul", problem, configs):
+        results = ev.remeasure("matmul", problem, configs)
+        for r in results:
             if r.status is not Status.OK:
                 raise RuntimeError(f"{problem.label()} {r.config.label()}: {r.status} {r.message}")
             medians[r.config].append(r.timing.median_ms)
-    return medians
+        t = results[0].telemetry
+        readings.append({"sm_clock_mhz": t.sm_clock_mhz, "power_w": t.power_w, "temp_c": t.temp_c})
+    return medians, readings
 
 
 def judge(problem: Problem, runs: list[dict[str, Any]]) -> dict[str, Any]:
     key = json.dumps(problem.as_dict(), sort_keys=True)
     picked = [Config.of(r["winners"][key]["config"]) for r in runs]
     distinct = list(dict.fromkeys(picked))
-    medians = remeasure(problem, distinct)
+    medians, readings = remeasure(problem, distinct)
     per = {c: statistics.median(v) for c, v in medians.items()}
     spreads = {c: (max(v) - min(v)) / statistics.median(v) for c, v in medians.items()}
     slowest_over_fastest = max(per.values()) / min(per.values()) - 1
@@ -118,6 +124,7 @@ def judge(problem: Problem, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "within_0.5pct": len(distinct) == 1 or slowest_over_fastest <= SAME_WITHIN,
         "remeasured": [{"config": c.as_dict(), "medians_ms": medians[c], "spread_max_min_over_median": spreads[c]}
                        for c in distinct],
+        "remeasure_telemetry": readings,
         "max_remeasure_spread": max(spreads.values()),
         "remeasure_spread_ok": max(spreads.values()) <= SPREAD_TARGET,
         "roofline_pct_by_run": [r["winners"][key]["roofline_pct"] for r in runs],
