@@ -311,8 +311,11 @@ def _cells(config: Config, param: str) -> list[tuple[str, ...]]:
 
 class _Questions:
     """The ledger's entries by question (kernel, device, parameter and the two values in either
-    order), so that `blocks` is `_blocked` of a would-be hypothesis without making it: a mining
-    round weighs hundreds of claims, nearly all of them asked already."""
+    order). `blocks` says whether a statement is already stated, or the same question asked of
+    overlapping problems by a hypothesis of this campaign, or by one of another campaign that is
+    active or decided (an inconclusive one leaves the question open for later campaigns); it takes
+    the statement's parts, so a mining round weighs its hundreds of claims, nearly all of them
+    asked already, without making a hypothesis of each."""
 
     def __init__(self, entries: Sequence[LedgerEntry]) -> None:
         self._by: dict[tuple[str, str, str, frozenset[str]], list[LedgerEntry]] = {}
@@ -338,18 +341,8 @@ class _Questions:
 
 
 def _blocked(h: Hypothesis, entries: Sequence[LedgerEntry]) -> bool:
-    """Already stated, or the same question asked of overlapping problems by a hypothesis of this
-    campaign, or by one of another campaign that is active or decided (an inconclusive one
-    leaves the question open for later campaigns)."""
-    for e in entries:
-        g = e.hypothesis
-        if not g.same_question(h):
-            continue
-        if g.statement_key == h.statement_key:
-            return True
-        if (e.here or e.state is not HypothesisState.INCONCLUSIVE) and g.scope.overlaps(h.scope):
-            return True
-    return False
+    """`h` is blocked by the ledger's `entries` (see `_Questions.blocks`)."""
+    return _Questions(entries).blocks(h.kernel, h.device, h.param, h.a, h.b, h.scope)
 
 
 def _choices(spaces: Sequence[SearchSpace]) -> dict[str, tuple[Value, ...]]:

@@ -18,7 +18,8 @@ took, in the median, at least `outclass_ratio` (2) times the problem's reference
 `outclass_min_ms` is not timed further, like an autotuner that re-benchmarks only the configs near
 the best: its Timing is those launches (one per input set, L2 not flushed, stop reason
 "outclassed"). The reference is the lower of the best median this evaluator has timed for the
-problem (same kernel source) and the batch's lowest verification median. Slow configs are where
+problem (the process runs the kernel code it imported, so the best stays that code's) and the
+batch's lowest verification median. Slow configs are where
 a grid's GPU time goes (a config 10x off costs 10x per launch); none of them can be a winner.
 
 Cold L2 (a family with `l2_flush`): the timed launches rotate over copies of the problem's data
@@ -190,7 +191,7 @@ class Evaluator:
                                time_cap_ms=time_cap_ms, outclass_ratio=outclass_ratio)
         self.cold_cap_bytes = cold_cap_bytes
         self._problems: OrderedDict[tuple[str, Problem], _ProblemData] = OrderedDict()
-        self._best_ms: dict[tuple[str, str, Problem], float] = {}  # (kernel, source hash, problem): best median
+        self._best_ms: dict[tuple[str, Problem], float] = {}  # (kernel, problem): best median timed
         self._timer: GpuTimer | None = None
         self._env: Environment | None = None
         self._rechecks = 0
@@ -304,7 +305,7 @@ class Evaluator:
             outcomes.append(self._prepare(i, family, problem, config, data))
         verified = [o for o in outcomes if isinstance(o, _Verified)]
         plan = dataclasses.replace(plan, flush_l2=family.l2_flush)
-        best_key = (kernel, _source_hash(family), problem)
+        best_key = (kernel, problem)
         outclassed = outclassed_timings(verified, plan, self._best_ms.get(best_key, math.inf))
         try:
             timings, copies = self._time(family, problem, data, [v for v in verified if v.index not in outclassed],
@@ -502,15 +503,6 @@ class Evaluator:
 
 
 # ---- module helpers ------------------------------------------------------------------------------
-def _source_hash(family: KernelFamily) -> str:
-    """The family's source hash, "" for a family whose source cannot be read (one defined in
-    `__main__` or an interactive session)."""
-    try:
-        return family.source_hash()
-    except (ImportError, OSError, TypeError, ValueError):
-        return ""
-
-
 def outclassed_timings(verified: Sequence[_Verified], plan: TimingPlan, best_ms: float) -> dict[int, Timing]:
     """The Timings of the verified configs that need no timing (see the module docstring), by
     index: those whose verification launches took, in the median, at least `plan.outclass_ratio`

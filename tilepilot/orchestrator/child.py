@@ -452,15 +452,11 @@ def _warm_up_compiler() -> None:
 
     config = Config.of({"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
                         "num_warps": 4, "num_stages": 2})
-    cache = os.environ.get("TRITON_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="tilepilot-warm-up-") as tmp:
-        os.environ["TRITON_CACHE_DIR"] = tmp
+    with tempfile.TemporaryDirectory(prefix="tilepilot-warm-up-") as tmp, _environment({"TRITON_CACHE_DIR": tmp}):
         try:
             compile_config("matmul", Problem.of({"M": 64, "N": 64, "K": 64, "dtype": "fp16"}), config, Target())
         except Exception as e:  # the real compiles say what is wrong, config by config
             log.warning("compiler warm-up failed: %s", e)
-        finally:
-            _set_env("TRITON_CACHE_DIR", cache)
 
 
 def _health(backend: str) -> float:
