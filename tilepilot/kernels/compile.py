@@ -11,6 +11,10 @@ them (every argument, constants included, as the JIT passes them).
 Works in a process with no CUDA context (`CUDA_VISIBLE_DEVICES=""`): the target is given.
 A second call with the same arguments hits Triton's on-disk cache.
 
+`build_launchers` builds, in the compiling process, the C launcher that a Triton of 3.6's kind
+builds with gcc on a kernel's first launch in a process (one per kernel signature, cached on disk
+beside the kernels): the GPU process then loads it from the cache instead of compiling it.
+
 Also the helpers every family (built in or a user's) shares: `launch` (a closure running the
 ahead-of-time kernel, or the JIT under the interpreter), `hash_modules` (a family's source
 hash over its modules, without importing them) and `interpreting` (TRITON_INTERPRET is on).
@@ -18,9 +22,14 @@ hash over its modules, without importing them) and `interpreting` (TRITON_INTERP
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import hashlib
 import importlib.util
+import logging
 import os
+import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +38,11 @@ from typing import Any
 from tilepilot.experiments import Config
 from tilepilot.kernels.base import Target
 
+log = logging.getLogger(__name__)
+
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+LAUNCHER_WAIT_S = 60.0  # build_launchers: the longest a compiler waits for another's build of a launcher
+_launchers_seen: set[str] = set()  # build_launchers: (cache folder, signature) keys this process has handled
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,83 @@ def launch(fn: Any, grid: tuple[int, int, int], values: Mapping[str, Any], const
         runner(*args)
 
     return run_aot
+
+
+def build_launchers(compiled: Any) -> int:
+    """Build the C launcher of each kernel in `compiled` (a CompiledKernel, or a tuple, list or
+    dataclass holding several) into Triton's on-disk cache, where this Triton builds one launcher
+    per kernel signature (3.6 does, with gcc, about 0.3 s, on the signature's first launch in a
+    process; later versions launch every kernel through one generic launcher and need nothing).
+    A GPU process launching the kernel later finds the launcher in the same cache and only loads it.
+
+    Each signature is handled once per process and cache folder. Compilers racing on one
+    signature take turns through a lock file in the cache folder: the first builds it, the others
+    wait for it (at most LAUNCHER_WAIT_S) and load it, so that no compile is answered before its
+    launcher is in the cache. Returns the launchers this call built or loaded; 0 where this
+    Triton has none to build or this machine cannot build one (no libcuda, no C compiler: logged
+    once, and the GPU process builds it on its first launch as before)."""
+    try:
+        from triton.backends.nvidia import driver as nvidia
+    except ImportError:
+        return 0
+    if not hasattr(nvidia, "make_launcher"):  # a generic launcher: nothing per signature to build
+        return 0
+    cache_dir = os.environ.get("TRITON_CACHE_DIR", "")
+    done = 0
+    for kernel in _compiled_kernels(compiled):
+        signature = getattr(kernel.src, "signature", None)
+        if not isinstance(signature, dict) or getattr(kernel.metadata.target, "backend", "") != "cuda":
+            continue
+        what = repr((tuple(signature.values()), getattr(kernel.metadata, "tensordesc_meta", None)))
+        key = hashlib.sha256(f"{cache_dir}\0{what}".encode()).hexdigest()[:16]
+        if key in _launchers_seen:
+            continue
+        _launchers_seen.add(key)
+        lock_path = Path(cache_dir or tempfile.gettempdir()) / f"tilepilot-launcher-{key}.lock"
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(lock_path, "a") as lock:
+                if not _lock(lock, LAUNCHER_WAIT_S):
+                    log.warning("the launcher of %s: waited %g s for another compiler's build; left to the "
+                                "GPU process", kernel.name, LAUNCHER_WAIT_S)
+                    continue
+                nvidia.CudaLauncher(kernel.src, kernel.metadata)  # builds into the cache, or loads from it
+        except Exception as e:  # the GPU process builds it on its first launch, as it would have
+            log.warning("could not build the launcher of %s ahead: %s", kernel.name, str(e).splitlines()[0][:200])
+            continue
+        done += 1
+    return done
+
+
+def _lock(lock: Any, wait_s: float) -> bool:
+    """Take an exclusive lock on the open file `lock` (released when it is closed), waiting up to
+    `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+
+def _compiled_kernels(compiled: Any) -> list[Any]:
+    """The CompiledKernels in `compiled`: those in its `compiled_parts` (a family's wrapper of
+    several kernels says so), itself, or those in a tuple, list or dataclass."""
+    parts = getattr(compiled, "compiled_parts", None)
+    if isinstance(parts, (tuple, list)):
+        return [k for part in parts for k in _compiled_kernels(part)]
+    if hasattr(compiled, "metadata") and hasattr(compiled, "src"):
+        return [compiled]
+    if isinstance(compiled, (tuple, list)):
+        parts = list(compiled)
+    elif dataclasses.is_dataclass(compiled) and not isinstance(compiled, type):
+        parts = [getattr(compiled, f.name) for f in dataclasses.fields(compiled)]
+    else:
+        return []
+    return [k for part in parts for k in _compiled_kernels(part)]
 
 
 def hash_modules(*modules: str) -> str:

@@ -74,7 +74,7 @@ from tilepilot.experiments import (
 )
 from tilepilot.kernels import failures, telemetry
 from tilepilot.kernels.base import KernelFamily, Target, poison
-from tilepilot.kernels.compile import interpreting
+from tilepilot.kernels.compile import build_launchers, interpreting
 from tilepilot.kernels.registry import get_family
 from tilepilot.kernels.timing import (
     METHOD_EVENTS,
@@ -120,6 +120,7 @@ class CompileOutcome:
     message: str
     compile_ms: float
     shared_bytes: int | None
+    launchers_built: int = 0  # C launchers built (or found) in the cache with it: compile.build_launchers
 
 
 @dataclass(frozen=True)
@@ -131,8 +132,11 @@ class Check:
     message: str
 
 
-def compile_config(kernel: str, problem: Problem, config: Config, target: Target) -> CompileOutcome:
-    """Compile one config into the on-disk Triton cache, in a process with no CUDA context.
+def compile_config(kernel: str, problem: Problem, config: Config, target: Target, *,
+                   launchers: bool = True) -> CompileOutcome:
+    """Compile one config into the on-disk Triton cache, in a process with no CUDA context, and
+    (with `launchers`) the C launchers its kernels need where this Triton builds one per kernel
+    signature, so that the GPU process compiles nothing at all (compile.build_launchers).
 
     Predicts OUT_OF_RESOURCES from the kernel's shared memory against `target.max_shared_bytes`.
     Raises BackendUnavailable when this process cannot compile for the target at all.
@@ -146,7 +150,8 @@ def compile_config(kernel: str, problem: Problem, config: Config, target: Target
     shared = int(compiled.metadata.shared)
     if shared > target.max_shared_bytes:
         return CompileOutcome(Status.OUT_OF_RESOURCES, _shared_message(shared, target), ms, shared)
-    return CompileOutcome(Status.OK, "", ms, shared)
+    built = build_launchers(compiled) if launchers else 0
+    return CompileOutcome(Status.OK, "", ms, shared, built)
 
 
 @dataclass

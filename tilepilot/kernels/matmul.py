@@ -362,6 +362,7 @@ class SplitKCompiled:
     def __init__(self, main: Any, reduce: Any) -> None:
         self.main = main
         self.reduce = reduce
+        self.compiled_parts = (main, reduce)  # every kernel in it (compile.build_launchers)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.main, name)

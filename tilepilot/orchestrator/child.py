@@ -14,8 +14,9 @@ for the compiler). Over one Pipe:
 - child -> parent while working: ("start", i) each time config i of the request starts a
   step (verification, a timed block), then ("done", payload);
 - before ("done", payload), where the role counts them: ("note", counts), what the request
-  cost beyond its payload: "compiles", the Triton compiles (on-disk cache misses) it made, None
-  where this Triton cannot tell; "wakes", the GPU timer's warm-ups after an idle spell. The GPU
+  cost beyond its payload: "compiles", the Triton compiles (on-disk cache misses) it made, and
+  in a GPU child the C modules Triton built (kernel launchers), None where this Triton cannot
+  tell; "wakes", the GPU timer's warm-ups after an idle spell. The GPU
   child should compile nothing (the compile pool fills the cache ahead): the counts show it;
 - a sticky CUDA error: ("sticky", i, message), then the child exits (a poisoned CUDA context
   never recovers);
@@ -36,8 +37,10 @@ Warm start: before it answers "ready", a compile child compiles one small matmul
 cache (a process's first Triton compile costs about a second more than the next ones: Triton's
 NVIDIA backend, LLVM and ptxas loading), and a GPU child starts Triton's CUDA driver (0.27 s on an
 H200 with a fresh cache: its C helpers are built) and runs a small random fill and matmuls in fp32,
-fp16 and bf16 (the CUDA context, cuRAND and cuBLAS), so that a campaign's first batch pays none of
-it. The seconds it took are in the child's info ("warm_up_s").
+fp16 and bf16 (the CUDA context, cuRAND and cuBLAS), and computes Triton's own key (a hash of its
+compiler library, which the first cache lookup of a compiled kernel needs: 0.4 s of the first
+batch's 0.7 s on an H100 host), so that a campaign's first batch pays none of it. The seconds it
+took are in the child's info ("warm_up_s").
 The child exits by itself when its parent is gone. This module imports neither torch nor
 triton at module level: it is the first module the spawned process loads.
 """
@@ -353,7 +356,11 @@ def _serve(conn: Connection, server: _EvalServer | _CompileServer, fault: str | 
 class _CompileCounter:
     """Counts the Triton compiles (on-disk cache misses) of this process through Triton's
     compilation listener (`triton.knobs.compilation.listener`, Triton 3.4 on); `take()` is None
-    where this Triton has no listener; always 0 under the interpreter, which compiles nothing."""
+    where this Triton has no listener; always 0 under the interpreter, which compiles nothing.
+    In a GPU child it also counts the C modules Triton builds with the C compiler (a kernel's
+    launcher, where this Triton builds one per signature: the compile pool builds those ahead,
+    compile.build_launchers), by wrapping `triton.runtime.build._build`, the one function that
+    runs it."""
 
     def __init__(self, role: str) -> None:
         self.misses: int | None = 0 if role == "interpret" else None
@@ -368,10 +375,26 @@ class _CompileCounter:
             return
         self.misses = 0
         compilation.listener = self._listen
+        if role == "gpu":
+            self._count_c_builds()
 
     def _listen(self, *, cache_hit: bool, **_: Any) -> None:
         if not cache_hit and self.misses is not None:
             self.misses += 1
+
+    def _count_c_builds(self) -> None:
+        from triton.runtime import build
+
+        run = getattr(build, "_build", None)
+        if run is None:
+            return
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if self.misses is not None:
+                self.misses += 1
+            return run(*args, **kwargs)
+
+        build._build = counted
 
     def take(self) -> int | None:
         """The compiles since the last call."""
@@ -433,6 +456,12 @@ def _warm_up_gpu() -> None:
     from triton.runtime import driver
 
     driver.active.get_current_device()  # Triton's CUDA driver: its C helpers built (gcc) and loaded
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        pass
+    else:  # hashes libtriton (0.4 s on an H100 host): the first lookup of a compiled kernel needs it
+        triton_key()
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn((256, 256), generator=gen, device="cuda", dtype=torch.float32)
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -454,7 +483,8 @@ def _warm_up_compiler() -> None:
                         "num_warps": 4, "num_stages": 2})
     with tempfile.TemporaryDirectory(prefix="tilepilot-warm-up-") as tmp, _environment({"TRITON_CACHE_DIR": tmp}):
         try:
-            compile_config("matmul", Problem.of({"M": 64, "N": 64, "K": 64, "dtype": "fp16"}), config, Target())
+            compile_config("matmul", Problem.of({"M": 64, "N": 64, "K": 64, "dtype": "fp16"}), config, Target(),
+                           launchers=False)
         except Exception as e:  # the real compiles say what is wrong, config by config
             log.warning("compiler warm-up failed: %s", e)
 
