@@ -29,9 +29,10 @@ from tilepilot.agents.hypotheses import HypothesisLab
 from tilepilot.agents.miner import HypothesisMiner
 from tilepilot.agents.pairs import find_pairs
 from tilepilot.agents.random import RandomProposer
-from tilepilot.experiments import Campaign, Candidate, Config, Param, Problem, SearchSpace
+from tilepilot.experiments import Campaign, Candidate, Config, Param, Problem, SearchSpace, experiment_key
 from tilepilot.orchestrator import driver as driver_mod
 from tilepilot.orchestrator.driver import Driver, ListedSpace, pending_limit
+from tilepilot.orchestrator.executor import Batch
 from tilepilot.orchestrator.hypothesis_hook import HypothesisHook
 from tilepilot.orchestrator.tune import TuneOptions, tune
 from tilepilot.storage.store import Store
@@ -90,6 +91,27 @@ def _without_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
         c for c in self._listing() if c not in set(state.results) | state.pending | state.dropped])
     monkeypatch.setattr(base_mod.SearchState, "seen",
                         property(lambda self: set(self.results) | self.pending | self.dropped))
+    monkeypatch.setattr(Driver, "_dispatch_batches", _dispatch_reading_the_head_each_time)
+    monkeypatch.setattr(Driver, "_key", lambda self, problem, config: experiment_key(
+        self.campaign.kernel, self.executor.kernel_version, problem, config, self.executor.environment))
+
+
+def _dispatch_reading_the_head_each_time(self: Driver) -> None:
+    """The dispatch as it was: the head of the queue (its first HEADS rows) read again for every batch."""
+    while self.executor.free_slots() > 0:
+        heads = self.store.queue_heads(self.campaign_id, limit=driver_mod.HEADS)
+        if not heads:
+            return
+        picked = [qid for qid, problem_key in heads if problem_key == heads[0][1]][: self.batch_size]
+        problem = self.candidates[picked[0]].problem
+        batch = Batch(self._next_batch, problem, tuple(self.candidates[qid].config for qid in picked), tuple(picked))
+        self._next_batch += 1
+        for qid in picked:
+            self.store.set_queue_state(qid, "running")
+        self.store.log_event("started", f"{len(picked)} config(s) of {problem.label()} started",
+                             campaign_id=self.campaign_id)
+        self._running.update(picked)
+        self.executor.submit(batch)
 
 
 class _ScratchIndex:
@@ -158,6 +180,17 @@ def test_shortcuts_change_no_drop_for_a_failure_region(tmp_path, monkeypatch, sh
     assert any(row[0] == "dropped" for row in fast)
 
 
+def test_batches_picked_from_the_head_read_before_are_those_a_fresh_read_picks(tmp_path, monkeypatch):
+    """The dispatch picks several batches from one read of the queue's head, and reads it again
+    when what is left of it cannot fill one: a head of 5 rows makes it read again often."""
+    monkeypatch.setattr(driver_mod, "HEADS", 5)
+    short = _run(tmp_path / "short", "random", 30, 0.25)
+    monkeypatch.setattr(Driver, "_dispatch_batches", _dispatch_reading_the_head_each_time)
+    fresh = _run(tmp_path / "fresh", "random", 30, 0.25)
+    for part in short:
+        assert short[part] == fresh[part], part
+
+
 def test_share_zero_never_steps_the_lab(tmp_path, monkeypatch):
     steps: list[int] = []
     step = HypothesisLab.step
@@ -170,14 +203,13 @@ def test_share_zero_never_steps_the_lab(tmp_path, monkeypatch):
 
 def test_queue_is_not_read_to_rescore_when_nothing_can_move(tmp_path, monkeypatch):
     reads: list[str] = []
-    queued = Store.queued
+    slots = Store.queue_slots
 
-    def counted(self: Store, campaign_id: int, **kw: Any) -> Any:
-        if kw.get("problem_key") is not None:
-            reads.append(kw["problem_key"])
-        return queued(self, campaign_id, **kw)
+    def counted(self: Store, campaign_id: int, problem_key: str) -> Any:
+        reads.append(problem_key)
+        return slots(self, campaign_id, problem_key)
 
-    monkeypatch.setattr(Store, "queued", counted)
+    monkeypatch.setattr(Store, "queue_slots", counted)
     _run(tmp_path / "random", "random", 20, 0.0)  # no predictions, no hypotheses
     assert reads == []
     _run(tmp_path / "rules", "rules", 20, 0.0)  # its predictions change with every result
@@ -233,6 +265,9 @@ def test_queue_heads_follow_the_dispatch_order(tmp_path):
         heads = store.queue_heads(cid, limit=4)
         assert heads == [(r.id, r.problem_key) for r in store.queued(cid, limit=4)]
         assert [qid for qid, _ in heads] == [ids[4], ids[2], ids[5], ids[1]]
+        for problem in problems:  # what re-scoring reads of a problem's queue: its rows in the same order
+            rows = store.queued(cid, problem_key=problem.key())
+            assert store.queue_slots(cid, problem.key()) == [(r.id, r.priority, r.reason) for r in rows]
     finally:
         store.close()
 

@@ -55,6 +55,7 @@ from tilepilot.orchestrator.queue_scoring import (
 from tilepilot.orchestrator.warm_start import Rule, warm_candidates
 from tilepilot.storage import cost
 from tilepilot.storage.ledger import HypothesisRow, LearningRow
+from tilepilot.storage.rows import TrialWrite
 from tilepilot.storage.store import QUEUE_REQUESTS, ControlRequest, Store, WinnerRow
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ INVALID_STREAK_LIMIT = 200  # proposals in a row that break the space's constrai
 SAMPLE_EVERY_S = 5.0
 TOP_K_REMEASURE = 5  # finalists re-measured interleaved before a winner is declared
 IDLE_S = 0.2  # wait per step while paused or stopping with nothing running
+HEADS = 64  # queued rows read at once to pick batches from (see `_dispatch`)
 
 
 @dataclass
@@ -139,6 +141,7 @@ class Driver:
         self._paused = False
         self._stopping = False
         self._answered = 0  # the last request answered
+        self._keys: dict[tuple[Problem, Config], str] = {}  # experiment keys computed so far (see `_key`)
 
     # ---- the loop -----------------------------------------------------------------------
     def run(self) -> list[WinnerRow]:
@@ -321,27 +324,26 @@ class Driver:
             self.hypotheses.adopt(records.hypotheses)
 
     def _admit(self, run: ProblemRun, proposals: list[Candidate]) -> None:
-        """Settle what needs no GPU; queue the rest in proposal order."""
-        fresh: list[Candidate] = []
-        for cand in proposals:
-            if self._settle_without_measuring(run, cand):
-                continue
-            fresh.append(cand)
-            run.state.pending.add(cand.config)
-        if not fresh:
-            return
-        priorities = [-float(self._seq + i) for i in range(1, len(fresh) + 1)]  # behind everything queued
-        self._seq += len(fresh)
-        ids = self.store.enqueue(self.campaign_id, fresh, priorities=priorities,
-                                 reasons=[f"in proposal order ({c.proposer})" for c in fresh])
-        for qid, cand in zip(ids, fresh, strict=True):
-            self.candidates[qid] = cand
-        self._admitted[run.problem] += len(ids)
-        self.store.log_event("queued", f"{len(fresh)} config(s) queued for {run.problem.label()} "
-                             f"by {fresh[0].proposer}", campaign_id=self.campaign_id)
-        if self._failures and not run.proposer.exhaustive:
-            self._drop(run, [(qid, why) for qid, cand in zip(ids, fresh, strict=True)
-                             if (why := self._failures.match(run.problem, cand.config))])
+        """Settle what needs no GPU; queue the rest in proposal order. One transaction: the settled
+        trials, the queue rows and their events commit together."""
+        with self.store.transaction():
+            fresh = self._settle_without_measuring(run, proposals)
+            for cand in fresh:
+                run.state.pending.add(cand.config)
+            if not fresh:
+                return
+            priorities = [-float(self._seq + i) for i in range(1, len(fresh) + 1)]  # behind everything queued
+            self._seq += len(fresh)
+            ids = self.store.enqueue(self.campaign_id, fresh, priorities=priorities,
+                                     reasons=[f"in proposal order ({c.proposer})" for c in fresh])
+            for qid, cand in zip(ids, fresh, strict=True):
+                self.candidates[qid] = cand
+            self._admitted[run.problem] += len(ids)
+            self.store.log_event("queued", f"{len(fresh)} config(s) queued for {run.problem.label()} "
+                                 f"by {fresh[0].proposer}", campaign_id=self.campaign_id)
+            if self._failures and not run.proposer.exhaustive:
+                self._drop(run, [(qid, why) for qid, cand in zip(ids, fresh, strict=True)
+                                 if (why := self._failures.match(run.problem, cand.config))])
 
     def _drop(self, run: ProblemRun, drops: list[tuple[int, str]], *, by_person: bool = False) -> None:
         """Take queued entries off the queue unmeasured; they are never proposed again."""
@@ -366,76 +368,97 @@ class Driver:
                         {"queue_id": qid, "config": c.as_dict(), "reason": why}
                         for (qid, why), c in zip(drops, configs, strict=True)]})
 
-    def _settle_without_measuring(self, run: ProblemRun, cand: Candidate) -> bool:
-        """Invalid configs and experiments already in the store need no GPU."""
-        reason = run.space.check(cand.config, run.problem)
-        if reason:
-            run.invalid_streak += 1
-            if run.invalid_streak >= INVALID_STREAK_LIMIT:
-                run.exhausted = True
-            result = Result(problem=run.problem, config=cand.config, status=Status.INVALID,
-                            env=self.executor.environment, message=reason)
-            self._store_result(cand, result, reused=False, queue_id=None)
-            return True
-        run.invalid_streak = 0
-        existing = self.store.lookup_result(self._key(run.problem, cand.config))
-        if existing is None:
-            return False
-        self._store_result(cand, existing, reused=True, queue_id=None)
-        return True
+    def _settle_without_measuring(self, run: ProblemRun, proposals: list[Candidate]) -> list[Candidate]:
+        """Invalid configs and experiments already in the store need no GPU: their trials are
+        recorded (in proposal order, in one write); returns the proposals that need measuring."""
+        reasons = [run.space.check(cand.config, run.problem) for cand in proposals]
+        found = self.store.lookup_results([self._key(run.problem, cand.config)
+                                           for cand, reason in zip(proposals, reasons, strict=True) if not reason])
+        settled: list[TrialWrite] = []
+        fresh: list[Candidate] = []
+        for cand, reason in zip(proposals, reasons, strict=True):
+            key = self._key(run.problem, cand.config)
+            if reason:
+                run.invalid_streak += 1
+                if run.invalid_streak >= INVALID_STREAK_LIMIT:
+                    run.exhausted = True
+                result = Result(problem=run.problem, config=cand.config, status=Status.INVALID,
+                                env=self.executor.environment, message=reason)
+                settled.append(TrialWrite(key, cand, result))
+                continue
+            run.invalid_streak = 0
+            existing = found.get(key)
+            if existing is None:
+                fresh.append(cand)
+            else:
+                settled.append(TrialWrite(key, cand, existing, reused=True))
+        self._record(settled)
+        return fresh
 
     # ---- dispatch and collection --------------------------------------------------------
     def _dispatch(self) -> None:
+        """Hand batches to the executor while it has room: each the first queued entries of the
+        problem at the head of the queue. One transaction for all: their rows 'running', an event
+        `started` each."""
+        with self.store.transaction():
+            self._dispatch_batches()
+
+    def _dispatch_batches(self) -> None:
+        heads: list[tuple[int, str]] = []
+        complete = False  # `heads` holds every queued row, not only the first HEADS
         while self.executor.free_slots() > 0:
-            heads = self.store.queue_heads(self.campaign_id, limit=64)
-            if not heads:
+            picked = _pick(heads, self.batch_size)
+            if len(picked) < self.batch_size and not complete:
+                # the rows read last time, less those dispatched since, are the head of the queue as
+                # it is now; a batch they cannot fill is picked again from a fresh read
+                heads = self.store.queue_heads(self.campaign_id, limit=HEADS)
+                complete = len(heads) < HEADS
+                picked = _pick(heads, self.batch_size)
+            if not picked:
                 return
-            first = heads[0][1]
-            picked = [qid for qid, problem_key in heads if problem_key == first][: self.batch_size]
+            taken = set(picked)
+            heads = [h for h in heads if h[0] not in taken]
             problem = self.candidates[picked[0]].problem
             batch = Batch(self._next_batch, problem, tuple(self.candidates[qid].config for qid in picked),
                           tuple(picked))
             self._next_batch += 1
-            with self.store.transaction():
-                for qid in picked:
-                    self.store.set_queue_state(qid, "running")
-            self._running.update(picked)
+            self.store.set_queue_states(picked, "running")
             self.store.log_event("started", f"{len(picked)} config(s) of {problem.label()} started",
                                  campaign_id=self.campaign_id)
+            self._running.update(picked)
             self.executor.submit(batch)
 
     def _collect(self, timeout_s: float) -> None:
         for batch, results in self.executor.poll(timeout_s):
             self._touched.add(batch.problem)
-            with self.store.transaction():  # one commit a batch: its results are stored together
-                for qid, result in zip(batch.queue_ids, results, strict=True):
-                    cand = self.candidates.pop(qid)
-                    self._running.discard(qid)
-                    self._pinned.discard(qid)
-                    self._promoted.discard(qid)
-                    self._store_result(cand, result, reused=False, queue_id=qid)
+            writes: list[TrialWrite] = []
+            for qid, result in zip(batch.queue_ids, results, strict=True):
+                cand = self.candidates.pop(qid)
+                self._running.discard(qid)
+                self._pinned.discard(qid)
+                self._promoted.discard(qid)
+                writes.append(TrialWrite(self._key(cand.problem, cand.config), cand, result, queue_id=qid,
+                                         worker=str(result.extra.get("worker", ""))))
+            self._record(writes)  # one commit a batch: its results are stored together
             if self.on_progress:
                 bests = {p: r.state.best() for p, r in self.runs.items()}
                 best_ms = {p: b.median_ms for p, b in bests.items() if b is not None and b.median_ms is not None}
                 self.on_progress(Progress(self._done(), self.campaign.budget * len(self.runs), best_ms))
 
-    def _store_result(self, cand: Candidate, result: Result, *, reused: bool, queue_id: int | None) -> None:
-        run = self.runs[cand.problem]
-        key = self._key(cand.problem, cand.config)
+    def _record(self, writes: list[TrialWrite]) -> None:
+        """Store trials (their experiments and results unless reused, the queue rows they ran from,
+        an event `finished` or `failed` each) in one transaction, then learn from their results."""
+        if not writes:
+            return
         with self.store.transaction():
-            if not reused:
-                self.store.record_result(result, key=key, kernel=self.campaign.kernel,
-                                         kernel_version=self.executor.kernel_version,
-                                         worker=str(result.extra.get("worker", "")))
-            self.store.add_trial(self.campaign_id, key, cand, reused=reused)
-            if queue_id is not None:
-                self.store.set_queue_state(queue_id, "done", experiment_key=key,
-                                           worker=str(result.extra.get("worker", "")))
-            self.store.log_event(
-                "finished" if result.status is Status.OK else "failed",
-                _describe(cand, result, reused), campaign_id=self.campaign_id,
-                data={"experiment": key, "status": str(result.status), "median_ms": result.median_ms})
-        self._learn(run, result)
+            self.store.record_trials(self.campaign_id, writes, kernel=self.campaign.kernel,
+                                     kernel_version=self.executor.kernel_version)
+            self.store.log_events([
+                ("finished" if w.result.status is Status.OK else "failed", _describe(w.candidate, w.result, w.reused),
+                 {"experiment": w.key, "status": str(w.result.status), "median_ms": w.result.median_ms})
+                for w in writes], campaign_id=self.campaign_id)
+            for w in writes:
+                self._learn(self.runs[w.candidate.problem], w.result)
 
     def _learn(self, run: ProblemRun, result: Result) -> None:
         run.state.pending.discard(result.config)
@@ -451,24 +474,31 @@ class Driver:
         """Re-score the queued entries of the problems that got results (see `queue_scoring`)."""
         statuses = self._hypothesis_statuses()
         touched, self._touched = self._touched, set()
-        for run in self.runs.values():
-            if run.problem in touched:
-                self._rescore_problem(run, statuses)
+        if not touched:
+            return
+        with self.store.transaction():  # what every problem's re-scoring writes, in one commit
+            for run in self.runs.values():
+                if run.problem in touched:
+                    self._rescore_problem(run, statuses)
 
     def _rescore_problem(self, run: ProblemRun, statuses: list[HypothesisStatus]) -> None:
         if self._rescore_changes_nothing(run, statuses):
             return
         self._scored[run.problem] = (tuple(statuses), self._admitted[run.problem], len(self._failures))
-        rows = [r for r in self.store.queued(self.campaign_id, problem_key=run.problem.key())
-                if r.id in self.candidates and r.id not in self._pinned and r.id not in self._promoted]
-        if not rows:
+        # the queue rows hold the candidates of `self.candidates`: only their places and reasons are read
+        slots = [(qid, priority, reason) for qid, priority, reason in self.store.queue_slots(
+                 self.campaign_id, run.problem.key())
+                 if qid in self.candidates and qid not in self._pinned and qid not in self._promoted]
+        if not slots:
             return
         if self._failures and not run.proposer.exhaustive:
-            drops = [(r.id, why) for r in rows if (why := self._failures.match(run.problem, r.config))]
+            drops = [(qid, why) for qid, _, _ in slots
+                     if (why := self._failures.match(run.problem, self.candidates[qid].config))]
             self._drop(run, drops)
             gone = {qid for qid, _ in drops}
-            rows = [r for r in rows if r.id not in gone]
-        entries = [Entry(r.id, r.config, r.hypothesis_id, r.priority, r.reason) for r in rows]
+            slots = [s for s in slots if s[0] not in gone]
+        entries = [Entry(qid, self.candidates[qid].config, self.candidates[qid].hypothesis_id, priority, reason)
+                   for qid, priority, reason in slots]
         out = rescore(run.problem, entries, predict=run.proposer.score, hypotheses=statuses)
         if not out.updates:
             return
@@ -553,11 +583,9 @@ class Driver:
         """Take back from the executor what no worker holds yet: those configs are queued again (they
         start after a resume, or on `--resume` after a stop). Returns what to add to the message."""
         batches = self.executor.withdraw()
-        with self.store.transaction():
-            for batch in batches:
-                for qid in batch.queue_ids:
-                    self.store.set_queue_state(qid, "queued")
-                    self._running.discard(qid)
+        ids = [qid for batch in batches for qid in batch.queue_ids]
+        self.store.set_queue_states(ids, "queued")
+        self._running.difference_update(ids)
         configs = sum(len(b.queue_ids) for b in batches)
         return f"; {configs} config(s) not yet on a worker queued again" if configs else ""
 
@@ -621,8 +649,13 @@ class Driver:
         return []
 
     def _key(self, problem: Problem, config: Config) -> str:
-        return experiment_key(self.campaign.kernel, self.executor.kernel_version, problem, config,
-                              self.executor.environment)
+        """The experiment key of (problem, config) here, computed once per campaign: the proposal's
+        look-up, its trial, its event and the hypothesis lab's observation all need it."""
+        key = self._keys.get((problem, config))
+        if key is None:
+            key = self._keys[(problem, config)] = experiment_key(
+                self.campaign.kernel, self.executor.kernel_version, problem, config, self.executor.environment)
+        return key
 
     def _log_executor_events(self) -> None:
         """What happened to the executor's workers (lost, re-queued, quarantined, ...), as events."""
@@ -697,6 +730,15 @@ class LedgerView:
 
     def learnings(self, *, kernel: str | None = None, device: str | None = None) -> list[LearningRow]:
         return self._store.learnings(kernel=kernel, device=device)
+
+
+def _pick(heads: list[tuple[int, str]], batch_size: int) -> list[int]:
+    """The next batch from the head of the queue, (id, problem key) in dispatch order: up to
+    `batch_size` rows of the first row's problem."""
+    if not heads:
+        return []
+    first = heads[0][1]
+    return [qid for qid, problem_key in heads if problem_key == first][:batch_size]
 
 
 def _describe(cand: Candidate, result: Result, reused: bool) -> str:

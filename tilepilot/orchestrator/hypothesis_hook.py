@@ -101,17 +101,18 @@ class HypothesisHook:
         pending = Counter(c.hypothesis_id for c in d.candidates.values() if c.hypothesis_id)
         step = self.lab.step(self._observations(), seen={p: run.state.seen for p, run in d.runs.items()},
                              room=room, pending=pending, final=final)
-        self._store(step)
         by_problem: dict[Problem, list[Candidate]] = {}
         for c in step.candidates:
             by_problem.setdefault(c.problem, []).append(c)
             if c.hypothesis_id:
                 self._tests[(c.problem, c.config)] = c.hypothesis_id
         self._asked = set(by_problem)
-        for problem, cands in by_problem.items():
-            run = d.runs[problem]
-            run.reserved -= len(cands)
-            d._admit(run, cands)
+        with d.store.transaction():  # the ledger's changes and the experiments queued, in one commit
+            self._store(step)
+            for problem, cands in by_problem.items():
+                run = d.runs[problem]
+                run.reserved -= len(cands)
+                d._admit(run, cands)
 
     def _idle(self) -> bool:
         """True when a step can do nothing: no hypothesis under test (none to judge or test) and no

@@ -85,6 +85,21 @@ class TrialRow:
 
 
 @dataclass(frozen=True)
+class TrialWrite:
+    """One trial of a batch written by `Store.record_trials`: the experiment `key`, the candidate
+    tried and its result. `reused`: the result came from the store (only the trial is written);
+    `queue_id`: the queue row it ran from (set 'done'), None for one settled without measuring;
+    `worker`: who measured it."""
+
+    key: str
+    candidate: Candidate
+    result: Result
+    reused: bool = False
+    queue_id: int | None = None
+    worker: str = ""
+
+
+@dataclass(frozen=True)
 class QueueRow:
     id: int
     campaign_id: int

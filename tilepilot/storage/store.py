@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from sqlite_utils.utils import dedupe_keys
 
 from tilepilot.experiments import (
     Campaign,
@@ -49,11 +50,13 @@ from tilepilot.storage.rows import (
     CampaignRow,
     QueueRow,
     TrialRow,
+    TrialWrite,
     WinnerRow,
     campaign_from_row,
     ceilings_columns,
     ceilings_from_row,
     dumps,
+    in_chunks,
     loads,
     queue_from_row,
     result_columns,
@@ -70,6 +73,29 @@ REQUESTS = ("pause", "resume", "stop", *QUEUE_REQUESTS)
 _STARTED = ("compiling", "running")
 _ENDED = ("done", "dropped")
 _WINNER_COLUMNS = tuple(f.name for f in fields(WinnerRow))
+_EXPERIMENT_UPSERT = (
+    "INSERT INTO experiments (key, kernel, kernel_version, problem, problem_key, config, config_key, backend, "
+    "device, torch, triton, driver, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(key) DO UPDATE SET driver = excluded.driver")
+# A trial's seq is the highest of its campaign and problem so far plus one, found by the statement itself (a
+# look-up at the end of the (campaign_id, problem_key, seq) index), so that one executemany numbers a whole
+# batch; a trial the campaign has already is left as it is.
+_TRIAL_INSERT = (
+    "INSERT INTO trials (campaign_id, problem_key, experiment_key, seq, proposer, rationale, predicted_ms, "
+    "hypothesis_id, reused, created_at) VALUES (?, ?, ?, COALESCE((SELECT MAX(seq) FROM trials "
+    "WHERE campaign_id = ? AND problem_key = ?), 0) + 1, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT(campaign_id, experiment_key) DO NOTHING")
+_EVENT_INSERT = "INSERT INTO events (ts, campaign_id, kind, message, data) VALUES (?, ?, ?, ?, ?)"
+# set_queue_states: a non-empty worker or experiment key replaces the stored one (the first ? of each CASE)
+_KEEP_OR_SET = "worker = CASE WHEN ? = '' THEN worker ELSE ? END, " \
+               "experiment_key = CASE WHEN ? = '' THEN experiment_key ELSE ? END"
+_QUEUE_STATE_SQL = {
+    "started": f"UPDATE queue SET state = ?, {_KEEP_OR_SET}, "
+               "started_at = CASE WHEN started_at THEN started_at ELSE ? END WHERE id = ?",
+    "ended": f"UPDATE queue SET state = ?, {_KEEP_OR_SET}, finished_at = ? WHERE id = ?",
+    "queued": "UPDATE queue SET state = ?, worker = ?, experiment_key = CASE WHEN ? = '' THEN experiment_key "
+              "ELSE ? END, started_at = NULL, finished_at = NULL WHERE id = ?",
+}
 
 
 class Store:
@@ -158,8 +184,12 @@ class Store:
                 raise
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        # On the connection itself: sqlite-utils' query() wraps every read in a savepoint of its own
+        # (two statements more), a guard against statements that return no rows; ours are SELECTs.
         with self._lock:
-            return list(self.db.query(sql, list(params)))
+            cur = self.db.conn.execute(sql, list(params))
+            keys = dedupe_keys(d[0] for d in cur.description)
+            return [dict(zip(keys, row, strict=True)) for row in cur]
 
     def _one(self, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
         rows = self._rows(sql, params)
@@ -235,23 +265,40 @@ class Store:
         expected = experiment_key(kernel, kernel_version, result.problem, result.config, result.env)
         if key != expected:
             raise ValueError(f"experiment key {key!r} does not match its result (expected {expected!r})")
-        now, env = time.time(), result.env
         with self.transaction():
-            self._insert("experiments", {
-                "key": key, "kernel": kernel, "kernel_version": kernel_version,
-                "problem": dumps(result.problem.as_dict()), "problem_key": result.problem.key(),
-                "config": dumps(result.config.as_dict()), "config_key": result.config.key(),
-                "backend": env.backend, "device": env.device, "torch": env.torch,
-                "triton": env.triton, "driver": env.driver, "created_at": now,
-            }, "ON CONFLICT(key) DO UPDATE SET driver = excluded.driver")
-            record = {"experiment_key": key, **result_columns(result), "worker": worker,
-                      "measured_at": now}
-            updates = ", ".join(f"{c} = excluded.{c}" for c in record if c != "experiment_key")
-            self._insert("results", record, f"ON CONFLICT(experiment_key) DO UPDATE SET {updates}")
+            self._upsert_results([(key, result, worker)], kernel=kernel, kernel_version=kernel_version,
+                                 now=time.time())
+
+    def _upsert_results(self, results: Sequence[tuple[str, Result, str]], *, kernel: str, kernel_version: str,
+                        now: float) -> None:
+        """Upsert the experiment and the result of each (key, result, worker): one statement per table."""
+        if not results:
+            return
+        conn = self.db.conn
+        conn.executemany(_EXPERIMENT_UPSERT, [
+            (key, kernel, kernel_version, dumps(r.problem.as_dict()), r.problem.key(), dumps(r.config.as_dict()),
+             r.config.key(), r.env.backend, r.env.device, r.env.torch, r.env.triton, r.env.driver, now)
+            for key, r, _ in results])
+        records = [{"experiment_key": key, **result_columns(r), "worker": worker, "measured_at": now}
+                   for key, r, worker in results]
+        cols = list(records[0])
+        updates = ", ".join(f"{c} = excluded.{c}" for c in cols if c != "experiment_key")
+        conn.executemany(f"INSERT INTO results ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+                         f"ON CONFLICT(experiment_key) DO UPDATE SET {updates}",
+                         [tuple(rec.values()) for rec in records])
 
     def lookup_result(self, key: str) -> Result | None:
         row = self._one(f"SELECT {RESULT_FIELDS} FROM {RESULT_JOIN} WHERE r.experiment_key = ?", [key])
         return result_from_row(row) if row else None
+
+    def lookup_results(self, keys: Sequence[str]) -> dict[str, Result]:
+        """The recorded results of these experiment keys (those that have one), by key."""
+        out: dict[str, Result] = {}
+        for chunk, marks in in_chunks(list(dict.fromkeys(keys))):
+            for row in self._rows(f"SELECT r.experiment_key AS found_key, {RESULT_FIELDS} FROM {RESULT_JOIN} "
+                                  f"WHERE r.experiment_key IN ({marks})", chunk):
+                out[row["found_key"]] = result_from_row(row)
+        return out
 
     # -- trials --------------------------------------------------------------------------------
 
@@ -288,6 +335,67 @@ class Store:
             self._touch(campaign_id, now)
         assert cur.lastrowid is not None
         return cur.lastrowid
+
+    def record_trials(self, campaign_id: int, trials: Sequence[TrialWrite], *, kernel: str,
+                      kernel_version: str) -> int:
+        """Record a batch of trials of the campaign in one transaction, one statement per table: for
+        each trial, in order, what `record_result` (unless `reused`), `add_trial` and, for one with a
+        queue row, `set_queue_state(queue_id, "done", worker=..., experiment_key=key)` write, with the
+        same rows; the campaign's updated_at is stamped once. Returns how many trials were new (one
+        the campaign has already is left as it is, as `add_trial` does).
+
+        Everything is checked before anything is written. Raises ValueError when a key is not the
+        experiment key of its result or a candidate is of another problem than its experiment,
+        KeyError when a reused trial's experiment is not recorded or a queue row does not exist.
+        """
+        if not trials:
+            return 0
+        self._check_trials(trials, kernel=kernel, kernel_version=kernel_version)
+        now = time.time()
+        with self.transaction():
+            self._check_reused([t for t in trials if t.reused])
+            self._upsert_results([(t.key, t.result, t.worker) for t in trials if not t.reused],
+                                 kernel=kernel, kernel_version=kernel_version, now=now)
+            rows = []
+            for t in trials:
+                c, problem_key = t.candidate, t.candidate.problem.key()
+                rows.append((campaign_id, problem_key, t.key, campaign_id, problem_key, c.proposer, c.rationale,
+                             c.predicted_ms, c.hypothesis_id, int(t.reused), now))
+            added = self.db.conn.executemany(_TRIAL_INSERT, rows).rowcount
+            if added:
+                self._touch(campaign_id, now)
+            self._queue_states([(t.queue_id, t.worker, t.key) for t in trials if t.queue_id is not None],
+                               "done", now)
+        return added
+
+    @staticmethod
+    def _check_trials(trials: Sequence[TrialWrite], *, kernel: str, kernel_version: str) -> None:
+        for t in trials:
+            r = t.result
+            if t.reused:
+                continue
+            expected = experiment_key(kernel, kernel_version, r.problem, r.config, r.env)
+            if t.key != expected:
+                raise ValueError(f"experiment key {t.key!r} does not match its result (expected {expected!r})")
+            if r.problem.key() != t.candidate.problem.key():
+                raise ValueError(f"experiment {t.key!r} is of problem {r.problem.key()}, "
+                                 f"not the candidate's {t.candidate.problem.key()}")
+
+    def _check_reused(self, trials: Sequence[TrialWrite]) -> None:
+        """The experiments of reused trials exist and are of their candidates' problems."""
+        if not trials:
+            return
+        found: dict[str, str] = {}
+        for chunk, marks in in_chunks(list(dict.fromkeys(t.key for t in trials))):
+            found.update((r["key"], r["problem_key"]) for r in self._rows(
+                f"SELECT key, problem_key FROM experiments WHERE key IN ({marks})", chunk))
+        for t in trials:
+            problem_key = found.get(t.key)
+            if problem_key is None:
+                raise KeyError(f"no experiment {t.key!r}: record its result first")
+            if problem_key != t.candidate.problem.key():
+                raise ValueError(f"experiment {t.key!r} is of problem {problem_key}, "
+                                 f"not the candidate's {t.candidate.problem.key()}")
 
     def campaign_results(self, campaign_id: int) -> list[tuple[TrialRow, Result]]:
         """Every trial of the campaign with its result, in trial order."""
@@ -348,6 +456,14 @@ class Store:
             "ORDER BY pinned DESC, priority DESC, id ASC LIMIT ?", [campaign_id, limit])
         return [(int(r["id"]), str(r["problem_key"])) for r in rows]
 
+    def queue_slots(self, campaign_id: int, problem_key: str) -> list[tuple[int, float, str]]:
+        """(id, priority, reason) of the campaign's queued rows of one problem, in `queued`'s order: what
+        re-scoring a problem's queue reads, without parsing the rows."""
+        rows = self._rows(
+            "SELECT id, priority, reason FROM queue WHERE campaign_id = ? AND state = 'queued' AND problem_key = ? "
+            "ORDER BY pinned DESC, priority DESC, id ASC", [campaign_id, problem_key])
+        return [(int(r["id"]), float(r["priority"]), str(r["reason"])) for r in rows]
+
     def set_queue_state(self, queue_id: int, state: str, *, worker: str = "",
                         experiment_key: str = "") -> None:
         """Move a queue row to `state`; a non-empty worker or experiment_key is stored too.
@@ -356,24 +472,34 @@ class Store:
         'queued' clears both and the worker.
         """
         _check(state, QUEUE_STATES, "queue state")
-        now = time.time()
         with self.transaction():
-            row = self._one("SELECT worker, experiment_key, started_at, finished_at FROM queue "
-                            "WHERE id = ?", [queue_id])
-            if row is None:
-                raise KeyError(f"no queue row with id {queue_id}")
-            started, finished, old_worker = row["started_at"], row["finished_at"], row["worker"]
-            if state in _STARTED:
-                started = started or now
-            elif state in _ENDED:
-                finished = now
-            else:
-                started, finished, old_worker = None, None, ""
-            self.db.execute(
-                "UPDATE queue SET state = ?, worker = ?, experiment_key = ?, started_at = ?, "
-                "finished_at = ? WHERE id = ?",
-                [state, worker or old_worker, experiment_key or row["experiment_key"], started,
-                 finished, queue_id])
+            self._queue_states([(queue_id, worker, experiment_key)], state, time.time())
+
+    def set_queue_states(self, queue_ids: Sequence[int], state: str) -> None:
+        """`set_queue_state(queue_id, state)` for every row, in one transaction and one statement.
+        Raises KeyError (and changes nothing) when a row does not exist."""
+        _check(state, QUEUE_STATES, "queue state")
+        with self.transaction():
+            self._queue_states([(qid, "", "") for qid in queue_ids], state, time.time())
+
+    def _queue_states(self, rows: Sequence[tuple[int, str, str]], state: str, now: float) -> None:
+        """Move each (queue id, worker, experiment key) row to `state` (see `set_queue_state`)."""
+        if not rows:
+            return
+        if state in _STARTED or state in _ENDED:
+            sql = _QUEUE_STATE_SQL["started" if state in _STARTED else "ended"]
+            params = [(state, w, w, k, k, now, qid) for qid, w, k in rows]
+        else:
+            sql = _QUEUE_STATE_SQL["queued"]
+            params = [(state, w, k, k, qid) for qid, w, k in rows]
+        changed = self.db.conn.executemany(sql, params).rowcount
+        if changed != len(rows):
+            ids = [qid for qid, _, _ in rows]
+            known: set[int] = set()
+            for chunk, marks in in_chunks(ids):
+                known.update(int(r["id"]) for r in self._rows(f"SELECT id FROM queue WHERE id IN ({marks})", chunk))
+            missing = [qid for qid in ids if qid not in known]
+            raise KeyError(f"no queue row with id {missing[0] if missing else ids[0]}")
 
     def reprioritise(self, updates: Sequence[tuple[int, float, str]]) -> None:
         """Set (queue_id, priority, reason) for each row; raises KeyError if an id is unknown."""
@@ -507,6 +633,17 @@ class Store:
         with self.transaction():
             self._insert("events", {"ts": time.time(), "campaign_id": campaign_id, "kind": kind,
                                     "message": message, "data": dumps(dict(data or {}))})
+
+    def log_events(self, events: Sequence[tuple[str, str, Mapping[str, Any] | None]], *,
+                   campaign_id: int | None = None) -> None:
+        """`log_event(kind, message, data=data)` for each (kind, message, data), in order, in one
+        transaction and one statement."""
+        if not events:
+            return
+        now = time.time()
+        with self.transaction():
+            self.db.conn.executemany(_EVENT_INSERT, [(now, campaign_id, kind, message, dumps(dict(data or {})))
+                                                     for kind, message, data in events])
 
     def add_gpu_samples(self, samples: Sequence[GpuSample]) -> None:
         with self.transaction():
