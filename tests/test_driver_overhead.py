@@ -94,14 +94,21 @@ def _without_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Driver, "_dispatch_batches", _dispatch_reading_the_head_each_time)
     monkeypatch.setattr(Driver, "_key", lambda self, problem, config: experiment_key(
         self.campaign.kernel, self.executor.kernel_version, problem, config, self.executor.environment))
+    statuses = Driver._hypothesis_statuses
+
+    def statuses_read_each_time(self: Driver) -> list[Any]:
+        self._statuses = (-1, [])
+        return statuses(self)
+
+    monkeypatch.setattr(Driver, "_hypothesis_statuses", statuses_read_each_time)
 
 
-def _dispatch_reading_the_head_each_time(self: Driver) -> None:
+def _dispatch_reading_the_head_each_time(self: Driver) -> list[tuple[str, str, None]]:
     """The dispatch as it was: the head of the queue (its first HEADS rows) read again for every batch."""
     while self.executor.free_slots() > 0:
         heads = self.store.queue_heads(self.campaign_id, limit=driver_mod.HEADS)
         if not heads:
-            return
+            break
         picked = [qid for qid, problem_key in heads if problem_key == heads[0][1]][: self.batch_size]
         problem = self.candidates[picked[0]].problem
         batch = Batch(self._next_batch, problem, tuple(self.candidates[qid].config for qid in picked), tuple(picked))
@@ -112,6 +119,7 @@ def _dispatch_reading_the_head_each_time(self: Driver) -> None:
                              campaign_id=self.campaign_id)
         self._running.update(picked)
         self.executor.submit(batch)
+    return []
 
 
 class _ScratchIndex:

@@ -138,6 +138,7 @@ class Driver:
         self._touched: set[Problem] = set()  # problems with results since the queue was last re-scored
         self._failures = FailureRegions(family)
         self._hypothesis_states: dict[str, str] = {}  # this campaign's hypotheses as last re-scored
+        self._statuses: tuple[int, list[HypothesisStatus]] = (-1, [])  # (the hook's writes, statuses) last read
         self._paused = False
         self._stopping = False
         self._answered = 0  # the last request answered
@@ -400,10 +401,15 @@ class Driver:
         """Hand batches to the executor while it has room: each the first queued entries of the
         problem at the head of the queue. One transaction for all: their rows 'running', an event
         `started` each."""
+        if self.executor.free_slots() <= 0:
+            return
         with self.store.transaction():
-            self._dispatch_batches()
+            started = self._dispatch_batches()
+            self.store.log_events(started, campaign_id=self.campaign_id)
 
-    def _dispatch_batches(self) -> None:
+    def _dispatch_batches(self) -> list[tuple[str, str, None]]:
+        """Submit the batches; returns their events."""
+        started: list[tuple[str, str, None]] = []
         heads: list[tuple[int, str]] = []
         complete = False  # `heads` holds every queued row, not only the first HEADS
         while self.executor.free_slots() > 0:
@@ -415,7 +421,7 @@ class Driver:
                 complete = len(heads) < HEADS
                 picked = _pick(heads, self.batch_size)
             if not picked:
-                return
+                break
             taken = set(picked)
             heads = [h for h in heads if h[0] not in taken]
             problem = self.candidates[picked[0]].problem
@@ -423,10 +429,10 @@ class Driver:
                           tuple(picked))
             self._next_batch += 1
             self.store.set_queue_states(picked, "running")
-            self.store.log_event("started", f"{len(picked)} config(s) of {problem.label()} started",
-                                 campaign_id=self.campaign_id)
+            started.append(("started", f"{len(picked)} config(s) of {problem.label()} started", None))
             self._running.update(picked)
             self.executor.submit(batch)
+        return started
 
     def _collect(self, timeout_s: float) -> None:
         for batch, results in self.executor.poll(timeout_s):
@@ -549,8 +555,11 @@ class Driver:
             self._touched.update(c.problem for c in self.candidates.values() if c.hypothesis_id in changed)
         if not self._touched:
             return []
-        return [HypothesisStatus(r.hypothesis, r.state, r.pairs, r.effect, r.noise)
-                for r in self.store.hypotheses(campaign_id=self.campaign_id)]
+        writes = self.hypotheses.writes  # only the hook writes the campaign's hypotheses: read again after it did
+        if self._statuses[0] != writes:
+            self._statuses = (writes, [HypothesisStatus(r.hypothesis, r.state, r.pairs, r.effect, r.noise)
+                                       for r in self.store.hypotheses(campaign_id=self.campaign_id)])
+        return list(self._statuses[1])
 
     # ---- a person's controls --------------------------------------------------------------
     def _controls(self) -> None:

@@ -58,6 +58,7 @@ class HypothesisHook:
         self._read: dict[Problem, int] = dict.fromkeys(driver.runs, 0)  # results of each problem turned into _obs
         self._results = -1
         self._asked: set[Problem] = set()
+        self.writes = 0  # changes written to the campaign's hypotheses so far (the driver re-reads them after one)
 
     def after_results(self) -> None:
         n = sum(len(run.state.results) for run in self.d.runs.values())
@@ -84,6 +85,7 @@ class HypothesisHook:
                                     data={"text": h.text, "source": h.source, "reason": why})
                     continue
                 store.add_hypothesis(cid, h)
+                self.writes += 1
                 store.log_event("hypothesis", f"{h.id}: {h.text} ({h.rationale})", campaign_id=cid,
                                 data={"hypothesis": h.id, "text": h.text, "rationale": h.rationale,
                                       "source": h.source})
@@ -141,6 +143,8 @@ class HypothesisHook:
     def _store(self, step: Step) -> None:
         store, cid = self.d.store, self.d.campaign_id
         learned = {lrn.hypothesis_id: lrn for lrn in step.learnings}
+        if step.proposed or step.judgements:
+            self.writes += 1
         with store.transaction():
             for h in step.proposed:
                 store.add_hypothesis(cid, h)

@@ -86,6 +86,10 @@ _TRIAL_INSERT = (
     "WHERE campaign_id = ? AND problem_key = ?), 0) + 1, ?, ?, ?, ?, ?, ?) "
     "ON CONFLICT(campaign_id, experiment_key) DO NOTHING")
 _EVENT_INSERT = "INSERT INTO events (ts, campaign_id, kind, message, data) VALUES (?, ?, ?, ?, ?)"
+_QUEUE_INSERT = (
+    "INSERT INTO queue (campaign_id, problem_key, problem, config, config_key, proposer, rationale, predicted_ms, "
+    "hypothesis_id, priority, reason, state, enqueued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?) "
+    "ON CONFLICT(campaign_id, problem_key, config_key) DO NOTHING")
 # set_queue_states: a non-empty worker or experiment key replaces the stored one (the first ? of each CASE)
 _KEEP_OR_SET = "worker = CASE WHEN ? = '' THEN worker ELSE ? END, " \
                "experiment_key = CASE WHEN ? = '' THEN experiment_key ELSE ? END"
@@ -420,16 +424,15 @@ class Store:
                              f"{len(reasons)} reasons: one of each per candidate")
         now = time.time()
         ids: list[int] = []
+        problems: dict[Problem, str] = {}  # a batch's candidates share a few problems: each serialised once
         with self.transaction():
             for c, priority, reason in zip(candidates, priorities, reasons, strict=True):
-                cur = self._insert("queue", {
-                    "campaign_id": campaign_id, "problem_key": c.problem.key(),
-                    "problem": dumps(c.problem.as_dict()), "config": dumps(c.config.as_dict()),
-                    "config_key": c.config.key(), "proposer": c.proposer, "rationale": c.rationale,
-                    "predicted_ms": c.predicted_ms, "hypothesis_id": c.hypothesis_id,
-                    "priority": float(priority), "reason": reason, "state": "queued",
-                    "enqueued_at": now,
-                }, "ON CONFLICT(campaign_id, problem_key, config_key) DO NOTHING")
+                problem = problems.get(c.problem)
+                if problem is None:
+                    problem = problems[c.problem] = dumps(c.problem.as_dict())
+                cur = self.db.conn.execute(_QUEUE_INSERT, (
+                    campaign_id, c.problem.key(), problem, dumps(c.config.as_dict()), c.config.key(), c.proposer,
+                    c.rationale, c.predicted_ms, c.hypothesis_id, float(priority), reason, now))
                 if cur.rowcount == 1 and cur.lastrowid is not None:
                     ids.append(cur.lastrowid)
         return ids
