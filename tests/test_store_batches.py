@@ -1,11 +1,15 @@
 """The store's batch writes: a batch of trials, queue states and events in one statement per table,
-with the same rows as the calls one at a time, all of a batch or none of it."""
+with the same rows as the calls one at a time, all of a batch or none of it; and the thread that
+checkpoints the write-ahead log beside the writer."""
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,7 @@ import pytest
 
 from tests.test_storage import CAMPAIGN, ENV, KERNEL, P1, P2, VERSION, cfg, failed, key_of, ok
 from tilepilot.experiments import Campaign, Candidate, Environment, Result
-from tilepilot.storage import Store
+from tilepilot.storage import Store, checkpoint
 from tilepilot.storage.rows import TrialWrite
 
 TIMES = {"ts", "created_at", "updated_at", "finished_at", "started_at", "enqueued_at", "measured_at"}
@@ -190,3 +194,39 @@ def test_a_result_of_another_environment_is_refused(tmp_path):
         store.record_trials(cid, [TrialWrite(key_of(r), _batch(ids)[0].candidate, elsewhere, queue_id=ids[0])],
                             kernel=KERNEL, kernel_version=VERSION)
     store.close()
+
+
+# -- the WAL checkpointer ------------------------------------------------------------------------------
+
+def _checkpoint_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("wal-checkpoint") and t.is_alive()]
+
+
+def test_the_log_is_copied_into_the_file_beside_the_writer(tmp_path):
+    db = tmp_path / "t.db"
+    before = _checkpoint_threads()
+    store = Store(db)
+    assert store.db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == checkpoint.FALLBACK_PAGES
+    cid = store.create_campaign(CAMPAIGN, backend="gpu", dataset="", device=ENV.device)
+    for i in range(2 * checkpoint.EVERY_COMMITS):  # a page of log or more each: under the writer's own threshold
+        store.log_event("e", "x" * 4000, campaign_id=cid, data={"i": i})
+    copied = checkpoint.EVERY_COMMITS * 4000  # the events of the first EVERY_COMMITS commits, at least
+    deadline = time.monotonic() + 10
+    while db.stat().st_size < copied and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert db.stat().st_size >= copied  # the checkpointer copied them into the database file
+    assert len(_checkpoint_threads()) == len(before) + 1
+    store.close()
+    assert _checkpoint_threads() == before
+    with Store.open_readonly(db) as reader:  # a reader starts no checkpointer
+        assert len(reader.db.execute("SELECT * FROM events").fetchall()) == 2 * checkpoint.EVERY_COMMITS
+        assert _checkpoint_threads() == before
+
+
+def test_a_store_dropped_without_close_stops_its_checkpointer(tmp_path):
+    before = _checkpoint_threads()
+    store = Store(tmp_path / "t.db")
+    assert len(_checkpoint_threads()) == len(before) + 1
+    del store
+    gc.collect()
+    assert _checkpoint_threads() == before

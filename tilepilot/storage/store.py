@@ -6,6 +6,7 @@ import logging
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import astuple, dataclass, fields
@@ -35,6 +36,7 @@ from tilepilot.experiments.hypothesis import (
     Verdict,
 )
 from tilepilot.experiments.llm_call import LlmCall
+from tilepilot.storage.checkpoint import FALLBACK_PAGES, WalCheckpointer
 from tilepilot.storage.ledger import (
     HypothesisRow,
     LearningRow,
@@ -151,9 +153,16 @@ class Store:
         self.readonly = readonly
         self._lock = threading.RLock()
         self.db: sqlite_utils.Database = open_database(path, readonly=readonly)
+        self._checkpointer: WalCheckpointer | None = None
+        if not readonly:  # the log is copied into the file beside the writer, not in its commits
+            self.db.execute(f"PRAGMA wal_autocheckpoint={FALLBACK_PAGES:d}")  # a pragma takes no parameter
+            self._checkpointer = WalCheckpointer(path)
+            self._stop_checkpointer = weakref.finalize(self, self._checkpointer.close)
 
     def close(self) -> None:
         with self._lock:
+            if self._checkpointer is not None:
+                self._stop_checkpointer()
             self.db.close()
 
     def __enter__(self) -> Store:
@@ -186,6 +195,8 @@ class Store:
             except BaseException:
                 self.db.rollback()
                 raise
+            if self._checkpointer is not None:
+                self._checkpointer.committed()
 
     def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         # On the connection itself: sqlite-utils' query() wraps every read in a savepoint of its own
