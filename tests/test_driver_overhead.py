@@ -75,7 +75,7 @@ def _run(tmp: Path, proposer: str, budget: int, share: float) -> dict[str, Any]:
 
 
 def _without_shortcuts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Driver, "_rescore_changes_nothing", lambda self, run, statuses: False)
+    monkeypatch.setattr(Driver, "_rescore_changes_nothing", lambda self, run, statuses, queued: False)
     monkeypatch.setattr(HypothesisHook, "_idle", lambda self: False)
     monkeypatch.setattr(HypothesisMiner, "_fitted", lambda self, problem, obs: self._effects(obs))
     incremental = HypothesisHook._observations
@@ -197,6 +197,34 @@ def test_batches_picked_from_the_head_read_before_are_those_a_fresh_read_picks(t
     fresh = _run(tmp_path / "fresh", "random", 30, 0.25)
     for part in short:
         assert short[part] == fresh[part], part
+
+
+def test_progress_reports_the_best_so_far_kept_as_results_come(tmp_path, monkeypatch):
+    """The best time of each problem in a progress report, kept by the driver as results come, is
+    the fastest of the problem's results at that moment (as `SearchState.best` finds it)."""
+    seen: list[tuple[dict[Problem, float], dict[Problem, float]]] = []
+    collect = Driver._collect
+
+    def checked(self: Driver, timeout_s: float) -> None:
+        report = self.on_progress
+
+        def on_progress(progress: driver_mod.Progress) -> None:
+            bests = {p: run.state.best() for p, run in self.runs.items()}
+            seen.append((progress.best_ms, {p: b.median_ms for p, b in bests.items()
+                                            if b is not None and b.median_ms is not None}))
+            if report:
+                report(progress)
+
+        self.on_progress = on_progress
+        try:
+            collect(self, timeout_s)
+        finally:
+            self.on_progress = report
+
+    monkeypatch.setattr(Driver, "_collect", checked)
+    _run(tmp_path / "c", "random", 20, 0.25)
+    assert seen and all(kept == scanned for kept, scanned in seen)
+    assert len(seen[-1][0]) == len(PROBLEMS)
 
 
 def test_share_zero_never_steps_the_lab(tmp_path, monkeypatch):

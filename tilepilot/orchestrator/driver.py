@@ -77,6 +77,7 @@ class ProblemRun:
     exhausted: bool = False
     invalid_streak: int = 0
     reserved: int = 0  # budget held back from the proposer for hypothesis experiments
+    best_ms: float | None = None  # the fastest median_ms among the results: state.best()'s, kept as they come
 
 
 @dataclass(frozen=True)
@@ -447,8 +448,7 @@ class Driver:
                                          worker=str(result.extra.get("worker", ""))))
             self._record(writes)  # one commit a batch: its results are stored together
             if self.on_progress:
-                bests = {p: r.state.best() for p, r in self.runs.items()}
-                best_ms = {p: b.median_ms for p, b in bests.items() if b is not None and b.median_ms is not None}
+                best_ms = {p: r.best_ms for p, r in self.runs.items() if r.best_ms is not None}
                 self.on_progress(Progress(self._done(), self.campaign.budget * len(self.runs), best_ms))
 
     def _record(self, writes: list[TrialWrite]) -> None:
@@ -468,7 +468,13 @@ class Driver:
 
     def _learn(self, run: ProblemRun, result: Result) -> None:
         run.state.pending.discard(result.config)
+        replaced = result.config in run.state.results
         run.state.results[result.config] = result
+        if replaced:  # never while the driver runs (no config is measured twice): read them all again
+            best = run.state.best()
+            run.best_ms = best.median_ms if best is not None else None
+        elif result.median_ms is not None and (run.best_ms is None or result.median_ms < run.best_ms):
+            run.best_ms = result.median_ms
         if result.status.counts_against_budget:
             run.counted += 1
         run.proposer.observe([result])
@@ -482,13 +488,18 @@ class Driver:
         touched, self._touched = self._touched, set()
         if not touched:
             return
+        queued: dict[Problem, list[tuple[int, Candidate]]] = {}  # the entries re-scoring may move, by problem
+        for qid, cand in self.candidates.items():
+            if qid not in self._running and qid not in self._pinned and qid not in self._promoted:
+                queued.setdefault(cand.problem, []).append((qid, cand))
         with self.store.transaction():  # what every problem's re-scoring writes, in one commit
             for run in self.runs.values():
                 if run.problem in touched:
-                    self._rescore_problem(run, statuses)
+                    self._rescore_problem(run, statuses, queued.get(run.problem, []))
 
-    def _rescore_problem(self, run: ProblemRun, statuses: list[HypothesisStatus]) -> None:
-        if self._rescore_changes_nothing(run, statuses):
+    def _rescore_problem(self, run: ProblemRun, statuses: list[HypothesisStatus],
+                         queued: list[tuple[int, Candidate]]) -> None:
+        if self._rescore_changes_nothing(run, statuses, queued):
             return
         self._scored[run.problem] = (tuple(statuses), self._admitted[run.problem], len(self._failures))
         # the queue rows hold the candidates of `self.candidates`: only their places and reasons are read
@@ -514,14 +525,16 @@ class Driver:
                 self.store.log_event("reordered", out.message(run.problem), campaign_id=self.campaign_id,
                                      data=out.data(run.problem))
 
-    def _rescore_changes_nothing(self, run: ProblemRun, statuses: list[HypothesisStatus]) -> bool:
+    def _rescore_changes_nothing(self, run: ProblemRun, statuses: list[HypothesisStatus],
+                                 queued: list[tuple[int, Candidate]]) -> bool:
         """True when re-scoring the problem's queue can neither drop, move nor re-word an entry, so
         the queue is not read: its proposer predicts nothing (`Proposer.score` not overridden), no
         queued entry is in a failure region and every one stays in its tier (no hypothesis moves
         it); or, with such a proposer, the queue was re-scored against the same hypotheses and
         failure regions and no entry joined it since (entries only left: the rest stay in their
         tiers' order). Then `rescore` keeps each entry's place and reason, and the reading is all
-        it costs (the whole queue of the problem, after every batch)."""
+        it costs (the whole queue of the problem, after every batch). `queued`: the problem's entries
+        that are neither running, pinned nor promoted."""
         proposer = run.proposer
         if type(proposer).score is not Proposer.score or "score" in vars(proposer):
             return False
@@ -530,9 +543,7 @@ class Driver:
         failures = bool(self._failures) and not proposer.exhaustive
         if not failures and not statuses:
             return True
-        for qid, cand in self.candidates.items():
-            if cand.problem != run.problem or qid in self._running or qid in self._pinned or qid in self._promoted:
-                continue
+        for _, cand in queued:
             if failures and self._failures.match(run.problem, cand.config):
                 return False
             if statuses and tier_of(run.problem, cand.config, cand.hypothesis_id, statuses)[0] != KEEP:

@@ -506,23 +506,24 @@ class Store:
         else:
             sql = _QUEUE_STATE_SQL["queued"]
             params = [(state, w, k, k, qid) for qid, w, k in rows]
-        changed = self.db.conn.executemany(sql, params).rowcount
-        if changed != len(rows):
-            ids = [qid for qid, _, _ in rows]
-            known: set[int] = set()
-            for chunk, marks in in_chunks(ids):
-                known.update(int(r["id"]) for r in self._rows(f"SELECT id FROM queue WHERE id IN ({marks})", chunk))
-            missing = [qid for qid in ids if qid not in known]
-            raise KeyError(f"no queue row with id {missing[0] if missing else ids[0]}")
+        if self.db.conn.executemany(sql, params).rowcount != len(rows):
+            self._missing_queue_rows([qid for qid, _, _ in rows])
+
+    def _missing_queue_rows(self, ids: Sequence[int]) -> None:
+        """Raise KeyError for the first of `ids` that is not a queue row (a statement changed fewer rows)."""
+        known: set[int] = set()
+        for chunk, marks in in_chunks(list(ids)):
+            known.update(int(r["id"]) for r in self._rows(f"SELECT id FROM queue WHERE id IN ({marks})", chunk))
+        missing = [qid for qid in ids if qid not in known]
+        raise KeyError(f"no queue row with id {missing[0] if missing else ids[0]}")
 
     def reprioritise(self, updates: Sequence[tuple[int, float, str]]) -> None:
         """Set (queue_id, priority, reason) for each row; raises KeyError if an id is unknown."""
         with self.transaction():
-            for queue_id, priority, reason in updates:
-                cur = self.db.execute("UPDATE queue SET priority = ?, reason = ? WHERE id = ?",
-                                      [float(priority), reason, queue_id])
-                if cur.rowcount == 0:
-                    raise KeyError(f"no queue row with id {queue_id}")
+            changed = self.db.conn.executemany("UPDATE queue SET priority = ?, reason = ? WHERE id = ?",
+                                               [(float(priority), reason, qid) for qid, priority, reason in updates])
+            if changed.rowcount != len(updates):
+                self._missing_queue_rows([qid for qid, _, _ in updates])
 
     def requeue_unfinished(self, campaign_id: int) -> int:
         """Put 'compiling'/'running' rows back to 'queued' (resume after a kill); returns the count."""
