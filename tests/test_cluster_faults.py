@@ -5,11 +5,15 @@
   in for it: each worker holds one, TILEPILOT_WORKER_RESOURCES): they reach the same named worker,
   which serves their batches in turn; no two measurements ever overlap, and each campaign gets
   turns before the other has finished;
+- the campaign that started the shared worker ends while another still uses it: the worker is
+  detached, so the other finishes on it with no loss and no re-queue; `tilepilot workers stop`
+  then ends it (and its child) at once;
 - the second node is killed (every process of its Ray session, raylet included) while its worker
   is in the middle of a batch: the batch is re-queued and finished on the head's worker, and every
   experiment of the campaign ends exactly once with a result.
 
 The witness of where and when work ran is the `test_slow` family's log (tests/worker_families.py).
+Shared workers outlive the campaigns, so each test ends the ones it leaves with `workers stop`.
 The head detects a dead node within about a second (health checks every 0.5 s; the default waits
 about 15 s). Processes are stopped by session id, never by name (tests/test_ray_cluster.py).
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -99,6 +104,14 @@ def tune(c: Cluster, toml: Path, db: Path, workers: int) -> subprocess.Popen[str
     return subprocess.Popen(cmd, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def stop_workers(c: Cluster) -> str:
+    """`tilepilot workers stop --address` on the cluster; what it printed."""
+    proc = subprocess.run([sys.executable, "-m", "tilepilot", "workers", "stop", "--address", c.address],
+                          env=c.env, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
 def finish(proc: subprocess.Popen[str], timeout_s: float = 120) -> None:
     try:
         out, err = proc.communicate(timeout=timeout_s)
@@ -142,8 +155,11 @@ def test_two_campaigns_share_one_gpu_in_turns_and_never_measure_at_once(cluster:
     second = campaign(cluster.tmp / "b.toml", "share-b", 2, [(48, 32, 32), (48, 32, 64)])
     t0 = time.monotonic()
     procs = [tune(cluster, first, cluster.tmp / "a.db", 1), tune(cluster, second, cluster.tmp / "b.db", 1)]
-    for proc in procs:
-        finish(proc)
+    try:
+        for proc in procs:
+            finish(proc)
+    finally:
+        stop_workers(cluster)
     print(f"two campaigns sharing one worker: {time.monotonic() - t0:.1f} s")
     for db in ("a.db", "b.db"):
         check_every_experiment_once(cluster.tmp / db, 2, 2)
@@ -178,6 +194,7 @@ def test_node_killed_mid_campaign_its_batch_is_requeued_and_finished_on_the_othe
               f"{time.monotonic() - t0:.1f} s later")
     finally:
         _kill_session(node.pid)
+        stop_workers(cluster)
     workers = check_every_experiment_once(db, 8, 1)
     started = {e["worker"]: e["node"] for e in events(db, "worker_started") if not e["replaces"]}
     everything = query(db, "SELECT kind, message FROM events WHERE kind NOT IN ('queued', 'started', 'finished')")
@@ -196,6 +213,56 @@ def test_node_killed_mid_campaign_its_batch_is_requeued_and_finished_on_the_othe
     survivor = next(w for w, n in started.items() if n != dead_node)
     assert redone == [("done", survivor)] * len(requeued["queue_ids"])  # finished on the surviving node
     assert set(workers) <= {survivor, lost["worker"]} and workers.count(survivor) >= len(requeued["queue_ids"])
+
+
+def test_the_campaign_that_started_a_shared_worker_ends_and_the_other_finishes_on_it_without_a_loss(
+        cluster: Cluster) -> None:
+    (cluster.markers / MEASURE_LOG).unlink(missing_ok=True)
+    first = campaign(cluster.tmp / "first.toml", "starts-the-worker", 2, [(32, 32, 32)])
+    second = campaign(cluster.tmp / "second.toml", "outlives-it", 4, [(48, 32, 32), (48, 32, 64)])
+    try:
+        starter = tune(cluster, first, cluster.tmp / "first.db", 1)
+        _wait_for_a_measurement(cluster.markers, starter)  # its worker is up: this campaign started it
+        other = tune(cluster, second, cluster.tmp / "second.db", 1)
+        finish(starter)
+        starter_ended = time.time()
+        assert other.poll() is None, "the second campaign ended before the first: nothing to witness"
+        finish(other)
+    finally:
+        stopped = stop_workers(cluster)
+    check_every_experiment_once(cluster.tmp / "first.db", 2, 1)
+    check_every_experiment_once(cluster.tmp / "second.db", 4, 2)
+    db = cluster.tmp / "second.db"
+    assert events(db, "worker_lost") == [] and events(db, "requeued") == []
+    assert [e["replaces"] for e in events(db, "worker_started")] == [""]  # one worker, never started again
+    measured = spans(cluster.markers)
+    after = [s for s in measured if s[0] > starter_ended]
+    assert after and all(problem.startswith("M=48 ") for *_, problem in after)
+    children = {pid for _, _, pid, _ in measured}
+    assert len(children) == 1, f"the worker's child changed: {children}"  # the worker A started, to the end
+    print(f"{len(after)} measurement(s) of the second campaign after the first ended, on the worker it started")
+    assert re.fullmatch(r"stopped 1 shared worker\(s\) on the cluster at \S+: tilepilot-interpret-0", stopped)
+    [child] = children
+    deadline = time.monotonic() + 10
+    while _alive(child):
+        assert time.monotonic() < deadline, "the stopped worker's child outlived it"
+        time.sleep(0.1)
+    assert stop_workers(cluster).startswith("no shared workers on the cluster at ")
+
+
+def _wait_for_a_measurement(markers: Path, proc: subprocess.Popen[str], timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (markers / MEASURE_LOG).exists() and not list(markers.glob("*.busy")):
+        assert proc.poll() is None, f"tune ended first: {proc.communicate()}"
+        assert time.monotonic() < deadline, "the campaign never started to measure"
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1][:1] != "Z"
+    except OSError:
+        return False
 
 
 def _wait_for_busy(markers: Path, session: int, proc: subprocess.Popen[str], timeout_s: float = 90) -> int:

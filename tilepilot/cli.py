@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tilepilot.cli_control import add_control_parsers
 
     add_control_parsers(sub)  # pause, resume, stop, queue
+    from tilepilot.cli_workers import add_workers_parser
+
+    add_workers_parser(sub)  # workers stop
     return p
 
 

@@ -20,7 +20,9 @@ while another worker is idle.
 Shared (campaigns on one cluster, see ray_executor.py): the compile workers are named actors
 that every campaign's pool finds, and a compile goes to the worker its cache key hashes to, so
 two campaigns never compile one key at once either (a compile worker does one at a time), and
-no queue stands between (a key's worker is not free to choose).
+no queue stands between (a key's worker is not free to choose). Shared compile workers are
+detached and end by themselves when idle, as shared GPU workers do (shared.py): a pool whose
+worker ended that way loses a compile to it at most, and `heal()` starts a fresh one.
 `heal()`, after a compile was lost with its worker or node, drops the workers of nodes that are
 gone and replaces those that died on live ones.
 """
@@ -32,6 +34,7 @@ import hashlib
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +48,8 @@ from tilepilot.kernels.evaluate import CompileOutcome
 from tilepilot.kernels.registry import get_family
 from tilepilot.orchestrator.child import Child, ChildError, Died, Done, Failed, TimedOut, describe_exit
 from tilepilot.orchestrator.executor import NoWorkerLeft
-from tilepilot.orchestrator.ray_runtime import LOST, NAMESPACE
+from tilepilot.orchestrator.ray_runtime import LOST
+from tilepilot.orchestrator.shared import IdleExit, shared_idle_s, shared_options
 from tilepilot.orchestrator.worker import GPU_WORKER_CPUS, STARTUP_TIMEOUT_S
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,7 @@ log = logging.getLogger(__name__)
 COMPILE_TIMEOUT_S = 120.0
 ARRIVAL_S = 0.002  # CompileQueue: how long a compile waits for those sent with it to arrive
 PROBE_S = 10.0  # heal(): a compile worker that does not answer this soon is busy, not dead
+RENAME_WAIT_S = 0.5  # heal(), shared: a lost worker's name may stay bound to it for a moment
 COMPILE_ENV = {"CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -66,8 +71,8 @@ class CompilerInfo:
 
 @ray.remote(num_cpus=1, runtime_env={"env_vars": COMPILE_ENV})
 class CompileWorker:
-    def __init__(self, *, timeout_s: float = COMPILE_TIMEOUT_S,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    def __init__(self, *, timeout_s: float = COMPILE_TIMEOUT_S, startup_timeout_s: float = STARTUP_TIMEOUT_S,
+                 idle_exit_s: float | None = None) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, not {timeout_s!r}")
         self._timeout_s = timeout_s
@@ -76,12 +81,24 @@ class CompileWorker:
         self._compiles: int | None = 0
         self._child = Child("compile")
         self._child.start(startup_timeout_s)
+        self._life = IdleExit(idle_exit_s, lambda: self._child.stop(), "compile worker")
+        self._life.start()
 
     def info(self) -> CompilerInfo:
-        return CompilerInfo(ray.get_runtime_context().get_node_id(), self._child.pid, self._respawns, self._compiles)
+        with self._life.request():
+            return CompilerInfo(ray.get_runtime_context().get_node_id(), self._child.pid, self._respawns,
+                                self._compiles)
+
+    def retire(self) -> None:
+        """End this worker now, its child stopped first (shared.py); never returns."""
+        self._life.end_now("asked to retire")
 
     def compile(self, kernel: str, problem: Problem, config: Config, target: Target) -> CompileOutcome:
         """Compile into this node's Triton cache. Hangs and deaths come back as compile_error."""
+        with self._life.request():
+            return self._compile(kernel, problem, config, target)
+
+    def _compile(self, kernel: str, problem: Problem, config: Config, target: Target) -> CompileOutcome:
         deaths: list[int | None] = []
         while True:
             reply = self._child.request(("compile", kernel, problem, config, target),
@@ -183,6 +200,7 @@ class CompilePool:
                  shared: bool = False) -> None:
         runtime_env = {"env_vars": {**(env or {}), **COMPILE_ENV}}
         self.shared = shared
+        self._idle_exit_s = shared_idle_s() if shared else None
         self._timeout_s = timeout_s
         self._node_options: dict[str, dict[str, Any]] = {}
         self.workers: dict[str, list[Any]] = {}
@@ -259,7 +277,7 @@ class CompilePool:
                 pass
             old = self.workers[node_id][i]
             self._forget(old)
-            self.workers[node_id][i] = fresh = self._start(node_id, i)
+            self.workers[node_id][i] = fresh = self._start(node_id, i, lost=old)
             self._load[fresh] = 0
             if node_id in self._queues:
                 self._queues[node_id].swap.remote(old, fresh)
@@ -281,7 +299,7 @@ class CompilePool:
                 log.warning("the compile queue of node %s was lost; a new one replaces it", node_id)
 
     def close(self) -> None:
-        if not self.shared:  # shared workers end with the campaign that started them
+        if not self.shared:  # shared workers live on for the other campaigns, and end when idle (shared.py)
             for actor in [*self._load, *self._queues.values()]:
                 ray.kill(actor)
         self._queues.clear()
@@ -289,12 +307,20 @@ class CompilePool:
         self._inflight.clear()
         self._by_key.clear()
 
-    def _start(self, node_id: str, index: int) -> Any:
+    def _start(self, node_id: str, index: int, *, lost: Any = None) -> Any:
+        """Compile worker `index` of the node: a new actor, or (shared) the one of that name, asked
+        again while the name still names `lost` (Ray frees a dead actor's name a moment later)."""
         options = dict(self._node_options[node_id])
-        if self.shared:
-            options |= {"name": f"tilepilot-compile-{node_id[:16]}-{index}", "namespace": NAMESPACE,
-                        "get_if_exists": True}
-        return CompileWorker.options(**options).remote(timeout_s=self._timeout_s)
+        if not self.shared:
+            return CompileWorker.options(**options).remote(timeout_s=self._timeout_s)
+        options |= shared_options(f"tilepilot-compile-{node_id[:16]}-{index}")
+        deadline = time.monotonic() + RENAME_WAIT_S * 10
+        while True:
+            worker = CompileWorker.options(**options).remote(timeout_s=self._timeout_s,
+                                                             idle_exit_s=self._idle_exit_s)
+            if lost is None or worker != lost or time.monotonic() > deadline:
+                return worker
+            time.sleep(RENAME_WAIT_S)
 
     def _start_queue(self, node_id: str) -> Any:
         strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)

@@ -36,11 +36,16 @@ workers are named actors in the namespace "tilepilot" (`tilepilot-gpu-0`, ...) t
 campaign on the cluster finds instead of starting its own. Two campaigns then send their
 batches to the same workers, which serve them in the order they arrive (worker.py), so the
 GPUs are shared batch by batch and never measure two things at once; a batch that waited
-WAITED_NOTE_S or more for its turn is logged (`waited`). A shared worker lives as long as the
-campaign process that started it (Ray's owner fate-sharing): when that one ends, the others
-lose it, re-queue their batch and start it again. Not shared, each campaign starts its own
-workers; a worker that asks for GPUs another job holds waits for them (event `waiting`), Ray's
-resource accounting keeping every GPU to one worker.
+WAITED_NOTE_S or more for its turn is logged (`waited`). A shared worker is detached: it
+outlives the campaign that started it, serving the others on, and ends by itself once no
+campaign has sent it anything for TILEPILOT_SHARED_IDLE_S seconds, or when a person runs
+`tilepilot workers stop` (shared.py). A campaign whose shared worker ended that way sees it lost
+(its batch, if it had sent one, re-queued) and asks for it again by name, which starts a fresh
+one. Closing, a campaign leaves its shared workers running, except those that never started
+(never placed, or still starting): a worker no campaign has used would only hold its GPU.
+Not shared, each campaign starts its own workers and kills them when it closes; a worker that
+asks for GPUs another job holds waits for them (event `waiting`), Ray's resource accounting
+keeping every GPU to one worker.
 
 TILEPILOT_WORKER_RESOURCES (a JSON object, e.g. '{"tilepilot_gpu": 1}') adds custom Ray
 resources that each worker holds: a way to pin workers to the nodes that offer them.
@@ -73,7 +78,8 @@ from tilepilot.experiments import (
 from tilepilot.kernels.base import KernelFamily
 from tilepilot.orchestrator.compile_pool import CompilePool
 from tilepilot.orchestrator.executor import Batch, BatchTrace, Executor, ExecutorEvent, NoWorkerLeft, Verdict
-from tilepilot.orchestrator.ray_runtime import LOST, NAMESPACE, fetch, joined_cluster
+from tilepilot.orchestrator.ray_runtime import LOST, fetch, joined_cluster
+from tilepilot.orchestrator.shared import shared_idle_s, shared_options
 from tilepilot.orchestrator.worker import (
     GPU_WORKER_CPUS,
     QUARANTINE_AFTER,
@@ -92,6 +98,7 @@ JOIN_GRACE_S = 5.0  # after the first worker answers, how long start-up waits fo
 WAITED_NOTE_S = 1.0  # a batch that waited this long for a shared worker's turn is logged
 WAITING_NOTE_S = 10.0  # a worker not started after this long is logged as waiting for resources
 SAMPLE_WAIT_S = 10.0
+CLOSE_WAIT_S = 1.0  # shared, closing: a worker that has not answered by then is killed (not placed, or still starting)
 RENAME_WAIT_S = 0.5  # shared: a lost actor's name may stay bound to it for a moment; ask again this much later
 REASON_CHARS = 300
 PER_WORKER = 2  # batches a worker holds: the one it runs, and the next waiting in its actor
@@ -186,6 +193,7 @@ class RayExecutor(Executor):
         self.kernel_version = family.kernel_version()
         self.shared = joined_cluster() if shared is None else shared
         self.per_worker = 1 if self.shared else PER_WORKER
+        self._idle_exit_s = shared_idle_s() if self.shared else None  # shared workers end when idle this long
         self.startup_timeout_s = startup_timeout_s
         self._options = self._actor_options(worker_env, _resources(worker_resources))
         self._events: list[ExecutorEvent] = []
@@ -224,8 +232,6 @@ class RayExecutor(Executor):
             opts["resources"] = resources
         if env:
             opts["runtime_env"] = {"env_vars": dict(env)}
-        if self.shared:
-            opts |= {"namespace": NAMESPACE, "get_if_exists": True}
         return opts
 
     # ---- Executor ------------------------------------------------------------------------
@@ -360,10 +366,17 @@ class RayExecutor(Executor):
         return out
 
     def close(self) -> None:
-        if not self.shared:  # shared workers end with the campaign that started them (module docstring)
-            for slot in self.slots:
-                if slot.actor is not None:
-                    ray.kill(slot.actor)
+        """Kill this campaign's own workers; of shared ones, only those that have not answered
+        within CLOSE_WAIT_S (never placed, or still starting; the others serve other campaigns on,
+        and end when idle: module docstring)."""
+        unstarted = [s for s in self.slots if s.actor is not None and s.starting is not None]
+        if self.shared and unstarted:
+            asked = {s.starting: s for s in unstarted}
+            answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=CLOSE_WAIT_S)
+            unstarted = [s for ref, s in asked.items() if ref not in answered]
+        for slot in unstarted if self.shared else self.slots:
+            if slot.actor is not None:
+                ray.kill(slot.actor)
         if self.pool is not None:
             self.pool.close()
 
@@ -371,8 +384,9 @@ class RayExecutor(Executor):
     def _launch(self, slot: _Slot, why: str) -> None:
         opts = dict(self._options)
         if self.shared:
-            opts["name"] = f"tilepilot-{slot.worker_id}"
-        slot.actor = EvalWorker.options(**opts).remote(self.backend, worker_id=slot.worker_id)
+            opts |= shared_options(f"tilepilot-{slot.worker_id}")
+        slot.actor = EvalWorker.options(**opts).remote(self.backend, worker_id=slot.worker_id,
+                                                       idle_exit_s=self._idle_exit_s)
         slot.info = None
         slot.held = slot.sent = 0
         slot.last_ended = 0.0

@@ -47,6 +47,12 @@ turn, and no two requests ever run on the device at once. `run_batch` reports ho
 waited for its turn. Create the actor with an explicit `num_cpus` (a GPU actor otherwise holds
 a CPU for its whole life: LIBRARIES.md).
 
+Shared by campaigns on one cluster (`idle_exit_s` given; shared.py): the actor is detached and
+ends by itself once no request has come for `idle_exit_s` seconds, its child stopped first; a
+request that comes as it ends never runs, and its caller sees the worker lost. `retire` ends it
+now (`tilepilot workers stop`). A campaign's own worker (`idle_exit_s` None) is killed by its
+campaign.
+
 Fault injection (tests only): TILEPILOT_FAULT_WORKERS, a comma-separated list of worker ids,
 makes the children of those workers die on every request (child.py, fault "die").
 """
@@ -92,6 +98,7 @@ from tilepilot.orchestrator.child import (
     TimedOut,
     describe_exit,
 )
+from tilepilot.orchestrator.shared import IdleExit
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +191,7 @@ class _Turns:
 class EvalWorker:
     def __init__(self, backend: str, *, worker_id: str | None = None, input_sets: int = 3, seed: int = 0,
                  rounds: int = 3, block_ms: float = 1.0, spread_target: float = 0.02, time_cap_ms: float = 15.0,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, idle_exit_s: float | None = None) -> None:
         if backend not in BACKENDS:
             raise InputError(f"unknown worker backend {backend!r} (allowed: {', '.join(BACKENDS)})")
         self._backend = backend
@@ -211,16 +218,24 @@ class EvalWorker:
         self._target: Target | None = started["target"]
         self._uuid: str | None = started["gpu_uuid"]
         self._worker_id = worker_id or self._default_id()
+        self._life = IdleExit(idle_exit_s, lambda: self._child.stop(), f"worker {self._worker_id}")
+        self._life.start()
 
     # ---- the actor's methods ------------------------------------------------------------------
     def info(self) -> WorkerInfo:
-        return WorkerInfo(self._worker_id, self._node, self._backend, self._uuid, self._env, self._target,
-                          self._child.pid, self._running, self._respawns, tuple(self._recover_s), self._node_id,
-                          self._quarantined, tuple(self._streak), self._compiles, self._wakes)
+        with self._life.request():
+            return WorkerInfo(self._worker_id, self._node, self._backend, self._uuid, self._env, self._target,
+                              self._child.pid, self._running, self._respawns, tuple(self._recover_s),
+                              self._node_id, self._quarantined, tuple(self._streak), self._compiles, self._wakes)
+
+    def retire(self) -> None:
+        """End this worker now (its child stopped first unless a request runs); never returns:
+        the caller sees the actor gone."""
+        self._life.end_now("asked to retire")
 
     def evaluate(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float) -> list[Result]:
         """One Result per config, in order; `timeout_s` per config (see the module docstring)."""
-        with self._turn():
+        with self._life.request(), self._turn():
             return self._batch("evaluate", kernel, problem, list(configs), (), timeout_s)
 
     def run_batch(self, kernel: str, problem: Problem, configs: Sequence[Config], timeout_s: float,
@@ -228,7 +243,7 @@ class EvalWorker:
         """`evaluate`, with the seconds the batch waited for its turn (other callers' requests).
         `seq`: the batch's number from the actor's one caller (0, 1, ...), which holds it a batch
         ahead: batches run in that order, whichever of the actor's threads got to its request first."""
-        with self._turn(self._in_order(seq)) as waited_s:
+        with self._life.request(), self._turn(self._in_order(seq)) as waited_s:
             compiles, wakes = self._compiles, self._wakes
             started = time.time()
             results = self._batch("evaluate", kernel, problem, list(configs), (), timeout_s)
@@ -239,12 +254,12 @@ class EvalWorker:
     def remeasure(self, kernel: str, problem: Problem, configs: Sequence[Config], rounds: int,
                   timeout_s: float) -> list[Result]:
         """Time the configs again, interleaved, `rounds` rounds; `timeout_s` per config."""
-        with self._turn():
+        with self._life.request(), self._turn():
             return self._batch("remeasure", kernel, problem, list(configs), (rounds,), timeout_s)
 
     def recheck(self, kernel: str, problem: Problem, config: Config, timeout_s: float) -> Check:
         """Verify one config on fresh inputs. A crash, death or timeout is a failed Check."""
-        with self._turn():
+        with self._life.request(), self._turn():
             outcome = self._single(("recheck", kernel, problem, config), timeout_s,
                                    _describe(kernel, problem, [config]))
         if isinstance(outcome, Done):
@@ -254,7 +269,7 @@ class EvalWorker:
 
     def baseline(self, kernel: str, problem: Problem, timeout_s: float) -> Timing | None:
         """The vendor library's timing (None under the interpreter, or when it fails: logged)."""
-        with self._turn():
+        with self._life.request(), self._turn():
             outcome = self._single(("baseline", kernel, problem), timeout_s,
                                    lambda i: f"{kernel} {problem.label()} vendor baseline")
         if isinstance(outcome, Done):
@@ -266,7 +281,7 @@ class EvalWorker:
     def ceilings(self, timeout_s: float) -> DeviceCeilings | None:
         """This GPU's copy bandwidth and matmul rate, measured now (None under the interpreter, or
         when the measurement fails: logged)."""
-        with self._turn():
+        with self._life.request(), self._turn():
             outcome = self._single(("ceilings",), timeout_s, lambda i: "device ceilings")
         if isinstance(outcome, Done):
             return outcome.payload  # type: ignore[no-any-return]
@@ -275,13 +290,14 @@ class EvalWorker:
 
     def sample(self) -> GpuSample | None:
         """An NVML reading of this worker's GPU, tagged with what it runs now; None without one."""
-        if self._uuid is None:
-            return None
-        from tilepilot.kernels import telemetry
+        with self._life.request():
+            if self._uuid is None:
+                return None
+            from tilepilot.kernels import telemetry
 
-        if not telemetry.nvml_available():
-            return None
-        return telemetry.sample_gpu(self._uuid, self._node, self._worker_id, self._running)
+            if not telemetry.nvml_available():
+                return None
+            return telemetry.sample_gpu(self._uuid, self._node, self._worker_id, self._running)
 
     # ---- turns and quarantine -----------------------------------------------------------------
     def _in_order(self, seq: int | None) -> int | None:
