@@ -11,6 +11,10 @@ re-scored (`queue_scoring`: predictions, hypotheses, failure regions), each reor
 as a `reordered` event. A new campaign starts with the winners of nearby problems and what the
 learnings imply (`warm_start`), unless told not to.
 
+Writes are grouped: each collected batch is one transaction (its experiments, results, trials,
+queue rows and events, one statement per table: a kill -9 leaves all of a batch or none of it),
+as are each admission of a problem's proposals, each dispatch round and each re-scoring turn.
+
 A person stays in charge: at each step the driver reads the campaign's control ("pause":
 dispatch nothing new, what runs finishes; "stop": let what runs finish, mark the campaign
 interrupted and return; "": go on) and answers the requests on its queue (promote, drop, pin),

@@ -93,8 +93,8 @@ _QUEUE_INSERT = (
     "hypothesis_id, priority, reason, state, enqueued_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?) "
     "ON CONFLICT(campaign_id, problem_key, config_key) DO NOTHING")
 # set_queue_states: a non-empty worker or experiment key replaces the stored one (the first ? of each CASE)
-_KEEP_OR_SET = "worker = CASE WHEN ? = '' THEN worker ELSE ? END, " \
-               "experiment_key = CASE WHEN ? = '' THEN experiment_key ELSE ? END"
+_KEEP_OR_SET = ("worker = CASE WHEN ? = '' THEN worker ELSE ? END, "
+                "experiment_key = CASE WHEN ? = '' THEN experiment_key ELSE ? END")
 _QUEUE_STATE_SQL = {
     "started": f"UPDATE queue SET state = ?, {_KEEP_OR_SET}, "
                "started_at = CASE WHEN started_at THEN started_at ELSE ? END WHERE id = ?",
@@ -120,6 +120,11 @@ class Store:
     - Atomicity: each write method is one transaction. Inside `with store.transaction():`
       they all commit together or not at all (an exception rolls everything back, and a
       kill -9 leaves the state before the block).
+    - Batches: `record_trials`, `set_queue_states`, `log_events` and `lookup_results` write
+      (or read) what the one-row methods do for each row, with one statement per table, and
+      check the whole batch before writing any of it.
+    - Durability: a commit is in the write-ahead log when it returns; a writer's own thread
+      (`storage.checkpoint`) copies the log into the database file, outside its commits.
     - Returned records (`CampaignRow`, `TrialRow`, `QueueRow`, `Result`) are frozen
       snapshots; they never change when the database does.
     - Values are always bound parameters, never formatted into SQL.
