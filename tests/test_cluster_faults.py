@@ -106,8 +106,10 @@ def tune(c: Cluster, toml: Path, db: Path, workers: int) -> subprocess.Popen[str
 
 def stop_workers(c: Cluster) -> str:
     """`tilepilot workers stop --address` on the cluster; what it printed."""
+    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "tilepilot", "workers", "stop", "--address", c.address],
                           env=c.env, capture_output=True, text=True, timeout=120, check=False)
+    print(f"workers stop: {time.monotonic() - t0:.1f} s: {proc.stdout.strip()}")
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -215,6 +217,7 @@ def test_node_killed_mid_campaign_its_batch_is_requeued_and_finished_on_the_othe
     assert set(workers) <= {survivor, lost["worker"]} and workers.count(survivor) >= len(requeued["queue_ids"])
 
 
+@pytest.mark.slow  # two campaigns and two `workers stop`: about 30 s on 2 cores
 def test_the_campaign_that_started_a_shared_worker_ends_and_the_other_finishes_on_it_without_a_loss(
         cluster: Cluster) -> None:
     (cluster.markers / MEASURE_LOG).unlink(missing_ok=True)

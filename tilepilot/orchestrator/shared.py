@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import ray
 
@@ -107,8 +107,8 @@ class IdleExit:
             late = self._ending
             if not late:
                 self._active += 1
-        while late:
-            time.sleep(_PARKED_S)
+        if late:
+            _park()
         try:
             yield
         finally:
@@ -120,14 +120,19 @@ class IdleExit:
         """End the actor now (a person asked): its child stopped first if no request runs, else
         left to follow its parent. Does not return."""
         with self._lock:
+            already = self._ending
             self._ending = True
             busy = self._active > 0
+        if already:  # the idle watcher (or another retire) is ending it
+            _park()
         self._end(why, clean=not busy)
 
     def _watch(self) -> None:
         assert self._idle_s is not None
         while True:
             with self._lock:
+                if self._ending:  # `end_now` is ending it
+                    return
                 idle = time.monotonic() - self._last
                 if not self._active and idle >= self._idle_s:
                     self._ending = True
@@ -148,6 +153,12 @@ class IdleExit:
         finally:
             time.sleep(EXIT_GRACE_S)  # Ray kills this process meanwhile
             os._exit(0)
+
+
+def _park() -> NoReturn:
+    """Wait for this process to be ended (by `IdleExit._end`, in another thread)."""
+    while True:
+        time.sleep(_PARKED_S)
 
 
 def stop_shared_workers(wait_s: float = STOP_WAIT_S) -> list[str]:
