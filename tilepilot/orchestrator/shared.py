@@ -172,7 +172,12 @@ def stop_shared_workers(wait_s: float = STOP_WAIT_S) -> list[str]:
             handles[name] = ray.get_actor(name, namespace=NAMESPACE)
         except ValueError:  # it ended meanwhile
             continue
-    asked = {handle.retire.remote(): name for name, handle in handles.items()}
+    asked: dict[Any, str] = {}
+    for name, handle in handles.items():
+        if hasattr(handle, "retire"):
+            asked[handle.retire.remote()] = name
+        else:  # started by a tilepilot that had no `retire`
+            ray.kill(handle, no_restart=True)
     _, left = ray.wait(list(asked), num_returns=len(asked), timeout=wait_s) if asked else ([], [])
     for ref in left:
         log.info("shared worker %s did not retire within %g s: killed", asked[ref], wait_s)
