@@ -41,8 +41,9 @@ outlives the campaign that started it, serving the others on, and ends by itself
 campaign has sent it anything for TILEPILOT_SHARED_IDLE_S seconds, or when a person runs
 `tilepilot workers stop` (shared.py). A campaign whose shared worker ended that way sees it lost
 (its batch, if it had sent one, re-queued) and asks for it again by name, which starts a fresh
-one. Closing, a campaign leaves its shared workers running, except those that never started
-(never placed, or still starting): a worker no campaign has used would only hold its GPU.
+one. Closing, a campaign leaves its shared workers running for the others, except those that
+have not answered it within CLOSE_WAIT_S (not placed, or still starting), which are killed
+rather than left to hold a GPU once placed (a campaign also waiting for one asks for it again).
 Not shared, each campaign starts its own workers and kills them when it closes; a worker that
 asks for GPUs another job holds waits for them (event `waiting`), Ray's resource accounting
 keeping every GPU to one worker.
