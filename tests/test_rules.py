@@ -5,6 +5,7 @@ Timings here are SYNTHETIC (functions of the config written in this file); nothi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ from tests.proposer_toys import ENV, drive
 from tilepilot.agents.base import ProposerContext, SearchState
 from tilepilot.agents.roofline import H100_SXM, problem_roofline
 from tilepilot.agents.rules import RulesProposer
-from tilepilot.agents.tile_model import estimate
+from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, estimate
 from tilepilot.experiments import Config, Param, Problem, Result, SearchSpace, Status, Timing
 from tilepilot.kernels.matmul import pipelined_shared_bytes
 
@@ -163,6 +164,30 @@ def test_a_row_stride_not_divisible_by_16_is_named_and_costs_time() -> None:
     assert estimate(unaligned, c).predicted_ms > 2 * estimate(aligned, c).predicted_ms
     why = RulesProposer(ProposerContext("matmul", unaligned, UNCHECKED, 0, 8)).propose(SearchState(), 1)[0].rationale
     assert "not a multiple of 16: loads of A, B not vectorised" in why
+
+
+def test_a_partial_last_wave_shares_l2_among_the_sms_that_run_it() -> None:
+    # 288 and 396 tiles of 64×128 both leave the busiest of 132 SMs three tiles; L2 serves the
+    # operands of 288 tiles in 288/396 of the time, since the SMs with two tiles are done and no
+    # longer take their share. One SM's own rate and latency are set out of the way.
+    k = dataclasses.replace(DEFAULT_CONSTANTS, sm_gbps=1e9, latency_us=1e-9)
+    c = cfg(64, 128, 64, 4, 3)
+    partial, full = (estimate(Problem.of({"M": 768, "N": n, "K": 768, "dtype": "fp16"}), c, k=k)
+                     for n in (3072, 4224))
+    assert (partial.tiles, full.tiles) == (288, 396)
+    assert math.ceil(partial.tiles / H100_SXM.sms) == math.ceil(full.tiles / H100_SXM.sms) == 3
+    operands = (64 + 128) * 64 * 2 * (768 // 64)  # bytes one tile reads
+    assert math.isclose(partial.feed_us, 288 * operands / (k.l2_gbps * 1e3))
+    assert math.isclose(partial.feed_us / full.feed_us, 288 / 396)
+
+
+def test_one_sm_takes_no_more_than_its_own_bandwidth() -> None:
+    # 72 tiles on 132 SMs, an SM taking 50 GB/s: L2 (72 x 50 GB/s asked of it) has bandwidth
+    # to spare, and each tile goes at its SM's rate.
+    k = dataclasses.replace(DEFAULT_CONSTANTS, sm_gbps=50.0, latency_us=1e-9)
+    est = estimate(Problem.of({"M": 768, "N": 3072, "K": 768, "dtype": "fp16"}), cfg(128, 256, 64, 8, 3), k=k)
+    assert est.tiles == 72
+    assert math.isclose(est.feed_us, (128 + 256) * 64 * 2 * (768 // 64) / (k.sm_gbps * 1e3))
 
 
 def test_another_device_is_named_as_an_assumption() -> None:

@@ -10,11 +10,13 @@ What it estimates for one (problem, config):
   the excess being spilled; resident blocks per SM from both;
 - the grid: tiles `⌈M/BM⌉·⌈N/BN⌉`, waves over the SMs, work wasted padding M, N, K to the tile;
 - time: each SM works through its tiles at the slower of its tensor-core rate (lower for
-  small per-warpgroup tiles) and its operand feed (L2 bandwidth per active SM, and the bytes
-  the pipeline keeps in flight over the memory latency; element-wise loads where a row stride
-  is not a multiple of 16), plus a fill-and-drain cost per round of resident tiles; DRAM
-  traffic at the HBM ceiling bounds the whole; rows of A re-read when M < BLOCK_SIZE_M add a
-  hot-spot term; spills multiply it.
+  small per-warpgroup tiles) and its operand feed (the bandwidth one SM can take, and the
+  bytes the pipeline keeps in flight over the memory latency; element-wise loads where a row
+  stride is not a multiple of 16), plus a fill-and-drain cost per round of resident tiles;
+  L2 delivering every tile's operands at its aggregate bandwidth bounds the feed (a last,
+  partial wave shares L2 among the few SMs that run it, not among all), and DRAM traffic at
+  the HBM ceiling bounds the whole; rows of A re-read when M < BLOCK_SIZE_M add a hot-spot
+  term; spills multiply it.
 
 The constants are physical quantities of the right order (named in `Constants`), fitted on
 recorded data (see `Constants`).
@@ -60,13 +62,13 @@ class Constants:
     mma_sync_fraction: float = 0.5  # rate of warp-level MMA (BM < 64 or < 4 warps: no warpgroup MMA)
     reg_overhead: float = 40.0  # registers per thread besides the accumulator and tile pointers
     regs_per_vector: float = 2.0  # registers per 16-byte load a thread issues per stage (a pointer)
-    l2_gbps: float = 8342.0  # operand bandwidth of L2 to all SMs together
-    sm_gbps: float = 93.18  # operand bandwidth one SM can take
-    latency_us: float = 1.448  # memory latency the pipeline's bytes in flight must cover
-    dup_gbps: float = 1245.0  # per distinct row of A: L2 rate for rows re-read when M < BLOCK_SIZE_M
-    scalar_gbps: float = 18.23  # per SM: element-wise loads of an operand that is not vectorised
-    mma_half_n: float = 75.15  # width N of one warpgroup's MMA at which its rate halves
-    fill_us: float = 2.849  # fill and drain of one round of resident tiles (prologue, epilogue)
+    l2_gbps: float = 8051.0  # operand bandwidth of L2 to all SMs together
+    sm_gbps: float = 208.3  # operand bandwidth one SM can take
+    latency_us: float = 1.446  # memory latency the pipeline's bytes in flight must cover
+    dup_gbps: float = 1201.0  # per distinct row of A: L2 rate for rows re-read when M < BLOCK_SIZE_M
+    scalar_gbps: float = 9.409  # per SM: element-wise loads of an operand that is not vectorised
+    mma_half_n: float = 74.43  # width N of one warpgroup's MMA at which its rate halves
+    fill_us: float = 2.991  # fill and drain of one round of resident tiles (prologue, epilogue)
     launch_us: float = 4.0  # fixed cost of a launch as CUDA events see it
     spill_cost: float = 15.0  # time multiplier per fraction of 255 registers spilled
     dram_refetch: float = 1.0  # scale of the wave-by-wave DRAM traffic estimate
@@ -194,7 +196,6 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
         return Estimate(t, shared, acc, regs, spilled, 0, tiles, math.inf, waste, math.inf, math.inf,
                         math.inf, math.inf, "resources")
     per_sm = math.ceil(tiles / device.sms)
-    active = min(tiles, device.sms)
     waves = tiles / (device.sms * bps)
     groups = max(1, t.warps // 4)  # warpgroups: along M first (64 rows each), the rest split N
     along_m = max(1, min(groups, t.bm // 64))
@@ -207,8 +208,12 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     compute_us = per_sm * 2.0 * t.bm * t.bn * t.bk * iters / rate * 1e6
     stage_bytes = (t.bm + t.bn) * t.bk * size
     in_flight = max(1, t.stages - 1) * stage_bytes * min(bps, per_sm)
-    sm_gbps = min(k.sm_gbps, k.l2_gbps / active, in_flight / (k.latency_us * 1e3))
-    feed_us = per_sm * stage_bytes * iters / (sm_gbps * 1e3)
+    # The busiest SM at the rate one SM can take, and L2 delivering every tile's operands at its
+    # aggregate rate. (Sharing L2 equally among the active SMs for the whole run would charge the
+    # tiles of a last, partial wave for SMs that have already finished: 288 tiles on 132 SMs
+    # would be fed as if all 132 ran three tiles each.)
+    sm_gbps = min(k.sm_gbps, in_flight / (k.latency_us * 1e3))
+    feed_us = max(per_sm / sm_gbps, tiles / k.l2_gbps) * stage_bytes * iters * 1e-3
     # Triton specialises integer arguments on divisibility by 16: a row stride (K for A, N for
     # B) that is not a multiple of 16 leaves the loads of that operand unvectorised (and out of
     # the asynchronous copy pipeline): they go at a low rate of their own.
