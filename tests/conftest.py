@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +28,15 @@ def ray_session() -> Iterator[None]:
         ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def markers(tmp_path: Path) -> Path:
+    """A folder for the test families' marker files (tests/worker_families.py), with those families
+    registered in the test process too, so that it resolves them as the workers do."""
+    from tests.worker_families import register_all
+
+    register_all()
+    path = tmp_path / "markers"
+    path.mkdir()
+    return path

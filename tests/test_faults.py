@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import ray
 
-from tests.worker_families import MEASURE_LOG, register_all
+from tests.worker_families import MEASURE_LOG
 from tilepilot.experiments import Config, InputError, Problem, Status
 from tilepilot.kernels.base import Target
 from tilepilot.kernels.registry import get_family
@@ -72,14 +72,6 @@ def cfg(bm: int, bn: int, bk: int, fault: str | None = None) -> Config:
 def worker_env(markers: Path, **extra: str) -> dict[str, str]:
     return {"TILEPILOT_KERNEL_MODULES": "tests.worker_families", "PYTHONPATH": str(REPO),
             "TILEPILOT_TEST_MARKERS": str(markers), **extra}
-
-
-@pytest.fixture
-def markers(tmp_path: Path) -> Path:
-    register_all()  # the test process resolves the test families too
-    path = tmp_path / "markers"
-    path.mkdir()
-    return path
 
 
 def poll_all(executors: list[RayExecutor], batches: int, timeout_s: float = 120.0) -> dict[int, list[Any]]:

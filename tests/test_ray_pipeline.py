@@ -75,14 +75,6 @@ def test_waited_note_leaves_out_the_wait_behind_our_own_earlier_batch() -> None:
 
 
 # ---- through Ray --------------------------------------------------------------------------------
-@pytest.fixture
-def markers(tmp_path: Path) -> Path:
-    register_all()
-    path = tmp_path / "markers"
-    path.mkdir()
-    return path
-
-
 def test_a_worker_holds_the_next_batch_and_starts_it_as_the_last_one_ends(ray_session: None,
                                                                           markers: Path) -> None:
     env = {"TILEPILOT_KERNEL_MODULES": "tests.worker_families", "PYTHONPATH": str(REPO),

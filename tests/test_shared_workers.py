@@ -37,14 +37,6 @@ WORKER = "tilepilot-interpret-0"
 
 
 @pytest.fixture
-def markers(tmp_path: Path) -> Path:
-    register_all()  # the test process resolves the test families too
-    path = tmp_path / "markers"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def shared_idle(ray_session: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[float]:
     """A short idle time for the shared workers started here; none of them outlives the test."""
     monkeypatch.setenv(SHARED_IDLE_ENV, IDLE_S)
