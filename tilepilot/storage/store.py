@@ -104,6 +104,13 @@ _QUEUE_STATE_SQL = {
 }
 
 
+def _trial_row(campaign_id: int, key: str, c: Candidate, reused: bool, now: float) -> tuple[Any, ...]:
+    """The parameters of _TRIAL_INSERT for one trial."""
+    problem_key = c.problem.key()
+    return (campaign_id, problem_key, key, campaign_id, problem_key, c.proposer, c.rationale, c.predicted_ms,
+            c.hypothesis_id, int(reused), now)
+
+
 class Store:
     """The SQLite store of campaigns, experiments, results, trials, the queue, events, GPU
     samples, winners, the hypothesis ledger (hypotheses, verdicts, evidence, learnings) and the
@@ -330,28 +337,14 @@ class Store:
         Raises KeyError when the experiment is not recorded, ValueError when it is of
         another problem than the candidate.
         """
-        problem_key = candidate.problem.key()
         now = time.time()
         with self.transaction():
             found = self._one("SELECT id FROM trials WHERE campaign_id = ? AND experiment_key = ?",
                               [campaign_id, key])
             if found:
                 return int(found["id"])
-            exp = self._one("SELECT problem_key FROM experiments WHERE key = ?", [key])
-            if exp is None:
-                raise KeyError(f"no experiment {key!r}: record its result first")
-            if exp["problem_key"] != problem_key:
-                raise ValueError(f"experiment {key!r} is of problem {exp['problem_key']}, "
-                                 f"not the candidate's {problem_key}")
-            seq = self._one("SELECT COALESCE(MAX(seq), 0) + 1 AS seq FROM trials "
-                            "WHERE campaign_id = ? AND problem_key = ?", [campaign_id, problem_key])
-            assert seq is not None
-            cur = self._insert("trials", {
-                "campaign_id": campaign_id, "problem_key": problem_key, "experiment_key": key,
-                "seq": seq["seq"], "proposer": candidate.proposer, "rationale": candidate.rationale,
-                "predicted_ms": candidate.predicted_ms, "hypothesis_id": candidate.hypothesis_id,
-                "reused": int(reused), "created_at": now,
-            })
+            self._check_experiments([(key, candidate)])
+            cur = self.db.conn.execute(_TRIAL_INSERT, _trial_row(campaign_id, key, candidate, reused, now))
             self._touch(campaign_id, now)
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -373,14 +366,10 @@ class Store:
         self._check_trials(trials, kernel=kernel, kernel_version=kernel_version)
         now = time.time()
         with self.transaction():
-            self._check_reused([t for t in trials if t.reused])
+            self._check_experiments([(t.key, t.candidate) for t in trials if t.reused])
             self._upsert_results([(t.key, t.result, t.worker) for t in trials if not t.reused],
                                  kernel=kernel, kernel_version=kernel_version, now=now)
-            rows = []
-            for t in trials:
-                c, problem_key = t.candidate, t.candidate.problem.key()
-                rows.append((campaign_id, problem_key, t.key, campaign_id, problem_key, c.proposer, c.rationale,
-                             c.predicted_ms, c.hypothesis_id, int(t.reused), now))
+            rows = [_trial_row(campaign_id, t.key, t.candidate, t.reused, now) for t in trials]
             added = self.db.conn.executemany(_TRIAL_INSERT, rows).rowcount
             if added:
                 self._touch(campaign_id, now)
@@ -401,21 +390,21 @@ class Store:
                 raise ValueError(f"experiment {t.key!r} is of problem {r.problem.key()}, "
                                  f"not the candidate's {t.candidate.problem.key()}")
 
-    def _check_reused(self, trials: Sequence[TrialWrite]) -> None:
-        """The experiments of reused trials exist and are of their candidates' problems."""
-        if not trials:
+    def _check_experiments(self, tried: Sequence[tuple[str, Candidate]]) -> None:
+        """The experiment of each (key, candidate) is recorded and of the candidate's problem."""
+        if not tried:
             return
         found: dict[str, str] = {}
-        for chunk, marks in in_chunks(list(dict.fromkeys(t.key for t in trials))):
+        for chunk, marks in in_chunks(list(dict.fromkeys(key for key, _ in tried))):
             found.update((r["key"], r["problem_key"]) for r in self._rows(
                 f"SELECT key, problem_key FROM experiments WHERE key IN ({marks})", chunk))
-        for t in trials:
-            problem_key = found.get(t.key)
+        for key, candidate in tried:
+            problem_key = found.get(key)
             if problem_key is None:
-                raise KeyError(f"no experiment {t.key!r}: record its result first")
-            if problem_key != t.candidate.problem.key():
-                raise ValueError(f"experiment {t.key!r} is of problem {problem_key}, "
-                                 f"not the candidate's {t.candidate.problem.key()}")
+                raise KeyError(f"no experiment {key!r}: record its result first")
+            if problem_key != candidate.problem.key():
+                raise ValueError(f"experiment {key!r} is of problem {problem_key}, "
+                                 f"not the candidate's {candidate.problem.key()}")
 
     def campaign_results(self, campaign_id: int) -> list[tuple[TrialRow, Result]]:
         """Every trial of the campaign with its result, in trial order."""
