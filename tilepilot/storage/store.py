@@ -639,9 +639,7 @@ class Store:
 
     def log_event(self, kind: str, message: str, *, campaign_id: int | None = None,
                   data: Mapping[str, Any] | None = None) -> None:
-        with self.transaction():
-            self._insert("events", {"ts": time.time(), "campaign_id": campaign_id, "kind": kind,
-                                    "message": message, "data": dumps(dict(data or {}))})
+        self.log_events([(kind, message, data)], campaign_id=campaign_id)
 
     def log_events(self, events: Sequence[tuple[str, str, Mapping[str, Any] | None]], *,
                    campaign_id: int | None = None) -> None:
