@@ -1,0 +1,109 @@
+"""How fast can a decode-shaped matmul (M <= 64, B streamed once from HBM) go on this GPU?
+
+    python bench/decode_probe.py --out bench/results/decode-probe-h100.json
+
+For M in {1, 16, 64} x 4096 x 4096 bf16, timed side by side with the timer and plan of
+bench/kernels.py (L2 flushed before each launch, events around it):
+- `cublas`: torch.matmul;
+- `tuned`: the fastest recorded config of the shipped matmul datasets (what bench/kernels.py times);
+- `fused-*`: VARIANT=splitk_fused at tiles the recorded grid lacks (BLOCK_SIZE_N 256, BLOCK_SIZE_K 256,
+  8 warps, SPLIT_K up to 16);
+- `read-*`: the floor: a kernel that only reads B (every element once, 16-byte loads, a sum per
+  program), at several program counts; no matmul can read B faster than this.
+Each matmul arm's output is checked against the family's reference before it is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def read_kernel(b_ptr, out_ptr, n_elements, per_program, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    start = pid * per_program
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for off in range(start, min(start + per_program, n_elements), BLOCK):
+        idx = off + tl.arange(0, BLOCK)
+        acc += tl.load(b_ptr + idx, mask=idx < n_elements, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+    from kernels import Arms, _sig, tuned_configs
+
+    from tilepilot.experiments import Config
+    from tilepilot.kernels import get_family
+    from tilepilot.kernels.evaluate import Evaluator
+    from tilepilot.kernels.timing import GpuTimer, TimingPlan
+
+    fam = get_family("matmul")
+    ev = Evaluator("gpu")
+    target, timer = ev.target(), GpuTimer()
+    tuned = tuned_configs("matmul")
+    plan = TimingPlan(rounds=5, block_ms=2.0, flush_l2=True, spread_target=0.01, time_cap_ms=100.0)
+    rows = []
+    for m in (1, 16, 64):
+        problem = fam.parse_problem({"M": m, "N": 4096, "K": 4096, "dtype": "bf16"})
+        arms = Arms(fam, problem, target)
+        arms.add("cublas", lambda out, p=problem, a=arms: fam.baseline(p, a.inputs, out))
+        if problem.key() in tuned:
+            arms.config("tuned", tuned[problem.key()])
+        bm = 16 if m <= 16 else 64
+        for bn, bk, w, s, split in ((128, 128, 4, 3, 4), (256, 128, 8, 3, 4), (256, 128, 8, 4, 8),
+                                    (128, 256, 4, 3, 8), (128, 256, 8, 3, 8), (256, 256, 8, 3, 8),
+                                    (64, 256, 4, 3, 16), (128, 128, 4, 4, 16), (256, 64, 8, 4, 16)):
+            c = Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
+                           "num_warps": w, "num_stages": s, "VARIANT": "splitk_fused", "SPLIT_K": split,
+                           "ALIGN_HINT": False, "EPILOGUE_SUBTILE": False, "WARP_SPECIALIZE": False})
+            if fam.space().check(c, problem) is None:
+                arms.config(f"fused-{bn}x{bk}-w{w}s{s}-k{split}", c)
+        b = arms.inputs[1]
+        launches: dict[str, Any] = dict(arms.launches)
+        for programs in (132, 264, 528, 1056):
+            for warps in (4, 8):
+                sink = torch.empty(programs, device="cuda", dtype=torch.float32)
+                per = triton.cdiv(triton.cdiv(b.numel(), programs), 4096) * 4096
+
+                def run(b: Any = b, sink: Any = sink, per: int = per, programs: int = programs,
+                        warps: int = warps) -> None:
+                    read_kernel[(programs,)](b, sink, b.numel(), per, BLOCK=4096, num_warps=warps)
+                run()
+                launches[f"read-p{programs}-w{warps}"] = run
+        names = list(launches)
+        timings = timer.time([[launches[n]] for n in names], plan, lambda i: None)
+        b_bytes = b.numel() * b.element_size()
+        row = {"problem": problem.label(), "b_bytes": b_bytes, "arms": {}}
+        for n, t in zip(names, timings, strict=True):
+            row["arms"][n] = {"median_ms": _sig(t.median_ms), "p20_ms": _sig(t.p20_ms), "p80_ms": _sig(t.p80_ms),
+                              "method": t.method, "b_read_gbps": _sig(b_bytes / t.median_ms / 1e6),
+                              **arms.notes.get(n, {})}
+        for n, note in arms.notes.items():
+            row["arms"].setdefault(n, note)
+        rows.append(row)
+        print(problem.label(), {n: a.get("median_ms") for n, a in row["arms"].items()}, flush=True)
+    Path(args.out).write_text(json.dumps({
+        "what": __doc__.split("\n\n")[0], "command": "python bench/decode_probe.py " + " ".join(argv or sys.argv[1:]),
+        "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
