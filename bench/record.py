@@ -35,6 +35,9 @@ label. --log gets one entry per invocation (command, device, versions, wall time
 ALIGN_HINT where it applies, splitk, persistent, tma; 144 to 252 configs a problem), e.g.
 `--variants --out data/replay/matmul-variants-h100.jsonl` (gzip the file to ship it).
 
+`--streamk-only` (matmul): VARIANT=streamk alone (`streamk_grid`), shipped as its own dataset with
+its own cuBLAS times (data/replay/matmul-streamk-h100.jsonl.gz).
+
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
 interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`
 re-times 10 recorded configs per problem in a new process and compares medians.
@@ -146,6 +149,14 @@ def new_variants_grid(problem: Problem) -> list[Config]:
             for (bm, bn, w), bk, s in itertools.product(TMA_TILES, [32, 64, 128], [3, 4])]
     out += [_config(256, 128, bk, 8, s, VARIANT="tma") for bk, s in itertools.product([32, 64, 128], [3, 4])]
     return out
+
+
+def streamk_grid(problem: Problem) -> list[Config]:
+    """VARIANT=streamk on tma_tail's grid (`--streamk-only`, recorded apart from the variants' dataset,
+    with its own cuBLAS times): TMA_TILES × BLOCK_SIZE_K {32,64,128} × stages {3,4} ×
+    EPILOGUE_SUBTILE {False,True} (84)."""
+    return [_config(bm, bn, bk, w, s, VARIANT="streamk", EPILOGUE_SUBTILE=sub)
+            for (bm, bn, w), bk, s, sub in itertools.product(TMA_TILES, [32, 64, 128], [3, 4], [False, True])]
 
 
 def _config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
@@ -285,6 +296,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     def configs_of(p: Problem) -> list[Config]:
         if args.new_only:
             return new_variants_grid(p)
+        if args.streamk_only:
+            return streamk_grid(p)
         return variants_grid(p) if args.variants else configs_all
 
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
@@ -516,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="matmul: record the variants' grid (variants_grid) instead of the tutorial's 162 configs")
     p.add_argument("--new-only", action="store_true",
                    help="matmul: record only the variants added after the first recording (new_variants_grid)")
+    p.add_argument("--streamk-only", action="store_true",
+                   help="matmul: record only VARIANT=streamk (streamk_grid), e.g. --out "
+                        "data/replay/matmul-streamk-h100.jsonl")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

@@ -51,8 +51,9 @@ def test_space_has_the_tutorial_parameters_and_the_variant_ones() -> None:
     space = FAMILY.space()
     assert space.names == ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
                            "num_stages", "VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
-    assert space.param("VARIANT").choices == ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail")
-    assert space.size == 5 * 5 * 5 * 4 * 3 * 4 * 6 * 5 * 2 * 2 * 2
+    assert space.param("VARIANT").choices == ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail",
+                                              "streamk")
+    assert space.size == 5 * 5 * 5 * 4 * 3 * 4 * 7 * 5 * 2 * 2 * 2
 
 
 def test_shared_memory_constraint_names_the_need_and_the_limit() -> None:
@@ -151,7 +152,7 @@ def test_config_recorded_before_the_variants_parses_as_the_grouped_kernel() -> N
                                                          "WARP_SPECIALIZE"]
     assert FAMILY.space().parse(variant("splitk", 4).as_dict())["SPLIT_K"] == 4
     with pytest.raises(InputError, match=r"VARIANT='cutlass' is not one of \{grouped, splitk, persistent, tma, "
-                                         r"splitk_fused, tma_tail\}"):
+                                         r"splitk_fused, tma_tail, streamk\}"):
         FAMILY.space().parse({**old, "VARIANT": "cutlass"})
     with pytest.raises(InputError, match="missing BLOCK_SIZE_M"):  # a parameter without a default stays required
         FAMILY.space().parse({k: v for k, v in old.items() if k != "BLOCK_SIZE_M"})
@@ -198,9 +199,16 @@ def test_a_config_without_variant_parameters_is_checked_as_the_grouped_kernel() 
     (variant("tma_tail", 2), problem(), "SPLIT_K=2 is only for VARIANT=splitk or splitk_fused"),
     (variant("tma_tail", hint=True), problem(3000, 5000, 1000, "fp16"),
      "ALIGN_HINT=True is for pointer loads; VARIANT=tma_tail loads through tensor descriptors"),
+    (variant("streamk", 4), problem(), "SPLIT_K=4 is only for VARIANT=splitk or splitk_fused"),
+    (variant("streamk", hint=True), problem(3000, 5000, 1000, "fp16"),
+     "ALIGN_HINT=True is for pointer loads; VARIANT=streamk loads through tensor descriptors"),
+    (variant("streamk"), problem(1500, 1500, 1500, "fp16"), "VARIANT=streamk needs rows of a multiple of 16"),
+    (variant("streamk", WARP_SPECIALIZE=True), problem(), "WARP_SPECIALIZE=True is only for VARIANT=tma"),
+    (variant("streamk", bm=16, bn=16, bk=16), problem(32768, 32768, 32768),
+     "VARIANT=streamk counts 8589934592 tile iterations (16×16 tiles × 16-wide K blocks), more than a 32-bit"),
     (variant("tma_tail"), problem(1500, 1500, 1500, "fp16"), "VARIANT=tma_tail needs rows of a multiple of 16"),
     (variant("persistent", EPILOGUE_SUBTILE=True), problem(), "EPILOGUE_SUBTILE=True is only for VARIANT=tma or "
-                                                              "tma_tail"),
+                                                              "tma_tail or streamk"),
     (variant("tma_tail", WARP_SPECIALIZE=True), problem(), "WARP_SPECIALIZE=True is only for VARIANT=tma"),
     (variant("splitk_fused", 8, bm=256, bn=256, bk=64), problem(16384, 16384, 256),
      "SPLIT_K=8 leaves a split without work"),
@@ -221,7 +229,7 @@ def test_workspace_of_exactly_the_cap_is_allowed() -> None:
 def test_every_variant_has_valid_configs_on_the_issue_shapes() -> None:
     space = FAMILY.space().narrowed({"BLOCK_SIZE_M": [64, 128], "BLOCK_SIZE_N": [64, 128], "BLOCK_SIZE_K": [64],
                                      "GROUP_SIZE_M": [8], "num_warps": [4], "num_stages": [3]})
-    every = {"grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail"}
+    every = {"grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail", "streamk"}
     for prob, variants in ((problem(3000, 5000, 1000, "fp16"), every),
                            (problem(1500, 1500, 1500, "fp16"), {"grouped", "splitk", "persistent", "splitk_fused"}),
                            (problem(1, 4096, 4096), every),

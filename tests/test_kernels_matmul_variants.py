@@ -1,11 +1,12 @@
-"""The matmul variants (grouped, splitk, persistent, tma; ALIGN_HINT) without a GPU.
+"""The matmul variants (grouped, splitk, persistent, tma, splitk_fused, tma_tail, streamk; ALIGN_HINT)
+without a GPU.
 
 Under the Triton interpreter, in a child process (TRITON_INTERPRET=1 is set by the Evaluator
 before any kernel is imported; fp16 only): every variant is correct on ragged shapes, M=1 and
 an unaligned K included, through the Evaluator (outputs poisoned with NaN before each checked
 launch); a planted wrong output is `wrong_result` for every variant; an invalid variant config is
 never launched; the persistent kernels run with fewer programs than tiles, so each loops; split-K
-gives the same bits on every run. In a child with no GPU: every variant compiles ahead of time
+and stream-K give the same bits on every run. In a child with no GPU: every variant compiles ahead of time
 for sm_90 (split-K with its reduction), TMA becomes bulk tensor copies, ALIGN_HINT turns the
 element-wise loads of an unaligned problem into 16-byte asynchronous copies, and TMA for a
 pre-Hopper target is a `compile_error` that says why. bf16 and the timings: tests/test_kernels_matmul_gpu.py.
@@ -30,11 +31,14 @@ SMALL = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE
 VARIANTS = [  # (VARIANT, SPLIT_K, ALIGN_HINT)
     ("grouped", 1, False), ("grouped", 1, True), ("splitk", 2, False), ("splitk", 4, True),
     ("persistent", 1, False), ("persistent", 1, True), ("tma", 1, False), ("splitk_fused", 2, False),
-    ("splitk_fused", 4, True), ("tma_tail", 1, False)]
+    ("splitk_fused", 4, True), ("tma_tail", 1, False), ("streamk", 1, False)]
 # ragged: M=1; K=72 and N=40 even but no multiple of 16 (ALIGN 8); K=100 (ALIGN 4) with N=48;
 # everything odd (no hint possible, no TMA); 4 tiles on 3 programs, so tma_tail splits its last tile in 3
+# (and streamk's 24 iterations, 8 a program, split tiles 1 and 2 in two); one tile of 10 K-blocks on 3
+# programs, so streamk splits it in 4, 4 and 2
 PROBLEMS = [{"M": 33, "N": 40, "K": 72, "dtype": "fp16"}, {"M": 1, "N": 48, "K": 100, "dtype": "fp16"},
-            {"M": 50, "N": 45, "K": 67, "dtype": "fp16"}, {"M": 20, "N": 40, "K": 96, "dtype": "fp16"}]
+            {"M": 50, "N": 45, "K": 67, "dtype": "fp16"}, {"M": 20, "N": 40, "K": 96, "dtype": "fp16"},
+            {"M": 16, "N": 32, "K": 160, "dtype": "fp16"}]
 
 
 def run_child(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
@@ -80,19 +84,25 @@ for raw in raws:
     wrong = ev.evaluate("test_matmul_last_row_zeroed", p, [c for c, r in zip(configs, results)
                                                            if r.status.value == "ok"])
     inputs = family.make_inputs(p, 7, "cpu")
-    runs = []
-    for _ in range(2):
-        out = family.make_output(p, inputs).fill_(float("nan"))
-        family.launcher(p, Config.of({**small, "VARIANT": "splitk", "SPLIT_K": 2}), inputs, out, None)()
-        runs.append(out)
+    same_bits = {}
+    for v, s in (("splitk", 2), ("streamk", 1)):
+        c = Config.of({**small, "VARIANT": v, "SPLIT_K": s})
+        if family.space().check(c, p) is not None:
+            continue
+        runs = []
+        for _ in range(2):
+            out = family.make_output(p, inputs).fill_(float("nan"))
+            family.launcher(p, c, inputs, out, None)()
+            runs.append(out)
+        same_bits[v] = bool(torch.equal(runs[0], runs[1]))
     subtiled = ev.evaluate("matmul", p, [Config.of({**small, "VARIANT": v, "EPILOGUE_SUBTILE": True})
-                                         for v in ("tma", "tma_tail")])
+                                         for v in ("tma", "tma_tail", "streamk")])
     report.append({
         "label": p.label(), "tolerance": family.tolerance(p),
         "results": [[c["VARIANT"], c["SPLIT_K"], c["ALIGN_HINT"], r.status.value, r.max_rel_err, r.message,
                      r.timing.method if r.timing else None] for c, r in zip(configs, results)],
         "wrong": [[r.config["VARIANT"], r.status.value, r.message] for r in wrong],
-        "splitk_same_bits": bool(torch.equal(runs[0], runs[1])),
+        "same_bits": same_bits,
         "subtiled": [[r.config["VARIANT"], r.status.value, r.max_rel_err, r.message] for r in subtiled],
         "tiles": -(-p["M"] // small["BLOCK_SIZE_M"]) * -(-p["N"] // small["BLOCK_SIZE_N"]),
     })
@@ -149,8 +159,10 @@ def test_persistent_kernels_loop_with_fewer_programs_than_tiles(interpreted: lis
     assert any(p["tiles"] > programs for p in interpreted[:-1])
 
 
-def test_splitk_gives_the_same_bits_on_every_run(interpreted: list[dict[str, Any]]) -> None:
-    assert all(p["splitk_same_bits"] for p in interpreted[:-1])
+def test_split_reductions_give_the_same_bits_on_every_run(interpreted: list[dict[str, Any]]) -> None:
+    assert all(p["same_bits"]["splitk"] for p in interpreted[:-1])
+    streamk = [p["same_bits"]["streamk"] for p in interpreted[:-1] if "streamk" in p["same_bits"]]
+    assert len(streamk) >= 3 and all(streamk)
 
 
 def test_tma_epilogue_in_two_halves_is_correct_where_tma_runs(interpreted: list[dict[str, Any]]) -> None:
@@ -163,7 +175,7 @@ def test_tma_epilogue_in_two_halves_is_correct_where_tma_runs(interpreted: list[
                 ran += 1
             else:
                 assert "needs rows of a multiple of 16 bytes" in message
-    assert ran >= 4
+    assert ran >= 6
 
 
 COMPILE_CHILD = """
@@ -201,7 +213,8 @@ ALIGNED = {"M": 4096, "N": 4096, "K": 4096, "dtype": "bf16"}
 COMPILE_JOBS = [[UNALIGNED, "grouped", 1, False], [UNALIGNED, "grouped", 1, True], [UNALIGNED, "splitk", 2, True],
                 [UNALIGNED, "persistent", 1, True], [UNALIGNED, "tma", 1, False], [ALIGNED, "splitk", 4, False],
                 [ALIGNED, "persistent", 1, False], [ALIGNED, "tma", 1, False], [UNALIGNED, "splitk_fused", 4, True],
-                [ALIGNED, "splitk_fused", 2, False], [UNALIGNED, "tma_tail", 1, False], [ALIGNED, "tma_tail", 1, False]]
+                [ALIGNED, "splitk_fused", 2, False], [UNALIGNED, "tma_tail", 1, False], [ALIGNED, "tma_tail", 1, False],
+                [ALIGNED, "streamk", 1, False]]
 
 
 @pytest.fixture(scope="module")
@@ -220,10 +233,10 @@ def test_every_variant_compiles_ahead_of_time_for_sm90_without_a_gpu(compiled: d
 
 def test_tma_variant_loads_and_stores_through_bulk_tensor_copies(compiled: dict[str, Any]) -> None:
     for label in ("M=3000 N=5000 K=1000 fp16 tma 1 False", "M=4096 N=4096 K=4096 bf16 tma 1 False",
-                  "M=3000 N=5000 K=1000 fp16 tma_tail 1 False"):
+                  "M=3000 N=5000 K=1000 fp16 tma_tail 1 False", "M=4096 N=4096 K=4096 bf16 streamk 1 False"):
         ops = compiled["ptx"][label]
         assert any(op.startswith("cp.async.bulk.tensor") for op in ops), (label, ops)
-        assert not any(op.startswith("ld.global") for op in ops if "tail" not in label), (label, ops)
+        assert not any(op.startswith("ld.global") for op in ops if "tma " in label), (label, ops)
 
 
 def test_align_hint_turns_element_loads_into_16_byte_async_copies(compiled: dict[str, Any]) -> None:
@@ -236,7 +249,7 @@ def test_align_hint_turns_element_loads_into_16_byte_async_copies(compiled: dict
 
 def test_fused_reductions_take_a_ticket_and_read_the_partials_past_l1(compiled: dict[str, Any]) -> None:
     for label in ("M=4096 N=4096 K=4096 bf16 splitk_fused 2 False", "M=3000 N=5000 K=1000 fp16 splitk_fused 4 True",
-                  "M=4096 N=4096 K=4096 bf16 tma_tail 1 False"):
+                  "M=4096 N=4096 K=4096 bf16 tma_tail 1 False", "M=4096 N=4096 K=4096 bf16 streamk 1 False"):
         ops = compiled["ptx"][label]
         assert any(op.startswith("ld.global.cg") for op in ops), (label, ops)
         assert any(op.startswith("st.global.cg") for op in ops), (label, ops)

@@ -20,9 +20,13 @@ stages) plus the kernel variant and its own parameters:
   - "tma_tail": the tma kernel with the last, partial wave of tiles split along K over the programs
     the wave would leave idle (deterministic reduction as splitk_fused), for problems whose tile
     count falls just over a multiple of the SM count (matmul_persistent_triton.py);
+  - "streamk": the tma kernel with the work cut by iterations instead of tiles (Stream-K): all the
+    tiles' K-blocks in one sequence, an equal contiguous share of it per SM, a tile shared by
+    several programs summed in a fixed order (deterministic, as splitk_fused); no SM waits out a
+    last, partial wave, however few the tiles (matmul_persistent_triton.py);
 - SPLIT_K (default 1): the number of K ranges, 2 or more for VARIANT=splitk or splitk_fused and 1
   otherwise (tma_tail derives its own split from the tile count);
-- EPILOGUE_SUBTILE (default False): tma and tma_tail store C in two halves, so the tile staged in
+- EPILOGUE_SUBTILE (default False): tma, tma_tail and streamk store C in two halves, so the tile staged in
   shared memory for the store is half as large (Triton's 09-persistent-matmul tutorial);
 - WARP_SPECIALIZE (default False): tma's tile loop with `tl.range(..., warp_specialize=True)`
   (separate load and MMA warps); where the installed Triton cannot do that for the target the
@@ -73,9 +77,9 @@ PARAMS = (
     Param("num_stages", (2, 3, 4, 5)),
 )
 TILE_PARAMS = tuple(p.name for p in PARAMS)
-VARIANTS = ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail")
+VARIANTS = ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail", "streamk")
 SPLIT_VARIANTS = ("splitk", "splitk_fused")  # those that take SPLIT_K
-TMA_VARIANTS = ("tma", "tma_tail")  # those that load through tensor descriptors
+TMA_VARIANTS = ("tma", "tma_tail", "streamk")  # those that load through tensor descriptors
 VARIANT_PARAMS = (
     Param("VARIANT", VARIANTS, default="grouped"),
     Param("SPLIT_K", (1, 2, 4, 8, 16), default=1),
@@ -217,8 +221,21 @@ def accumulator_fits_registers(config: Config, problem: Problem) -> str | None:
     return None
 
 
+def streamk_fits(config: Config, problem: Problem) -> str | None:
+    """Stream-K counts the tiles' K-blocks in 32-bit integers."""
+    if setting(config, "VARIANT") != "streamk":
+        return None
+    m, n, k = dims(problem)
+    bm, bn, bk = (int(config[p]) for p in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
+    iterations = -(-m // bm) * -(-n // bn) * -(-k // bk)
+    if iterations >= 2**31:
+        return (f"VARIANT=streamk counts {iterations} tile iterations ({bm}×{bn} tiles × {bk}-wide K blocks), "
+                f"more than a 32-bit integer holds")
+    return None
+
+
 CONSTRAINTS = (variant_settings, align_hint_applies, shared_memory_fits, splitk_fits, tma_fits,
-               accumulator_fits_registers)
+               streamk_fits, accumulator_fits_registers)
 
 
 class MatmulFamily(KernelFamily):
@@ -226,7 +243,7 @@ class MatmulFamily(KernelFamily):
     baseline_name: ClassVar[str] = "cuBLAS (torch.matmul)"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = ("C = A @ B, bf16/fp16 in and out, fp32 accumulation (Triton GEMM tutorial; "
-                                  "variants grouped, splitk, persistent, tma, splitk_fused, tma_tail)")
+                                  "variants grouped, splitk, persistent, tma, splitk_fused, tma_tail, streamk)")
     dtypes: ClassVar[tuple[str, ...]] = DTYPES
     l2_flush: ClassVar[bool] = True
 
@@ -337,6 +354,9 @@ class MatmulFamily(KernelFamily):
         if variant == "tma_tail":  # every SM, so that tiles fewer than the SMs are split too
             grid = (_programs(a), 1, 1)
             pointers.update(ws_ptr=_workspace(grid[0] * bm * bn, a.device), lock_ptr=_locks(grid[0], a.device))
+        if variant == "streamk":  # every SM; two pieces of a tile at most per program, a counter per tile
+            grid = (_programs(a), 1, 1)
+            pointers.update(ws_ptr=_workspace(grid[0] * 2 * bm * bn, a.device), lock_ptr=_locks(tiles, a.device))
         run = launch(fn, grid, {**pointers, **ints}, constexprs, config, compiled)
         return _with_scratch(run, compiled, grid[0], out) if variant in TMA_VARIANTS else run
 
@@ -392,6 +412,8 @@ def _kernel(problem: Problem, config: Config) -> tuple[Any, dict[str, int], dict
             **constexprs, "EPILOGUE_SUBTILE": subtile, "WARP_SPECIALIZE": bool(setting(config, "WARP_SPECIALIZE"))}
     if variant == "tma_tail":
         return matmul_persistent_triton.matmul_tma_tail_kernel, mnk, {**constexprs, "EPILOGUE_SUBTILE": subtile}
+    if variant == "streamk":
+        return matmul_persistent_triton.matmul_tma_streamk_kernel, mnk, {**constexprs, "EPILOGUE_SUBTILE": subtile}
     if variant == "splitk_fused":
         return (matmul_splitk_fused_triton.matmul_splitk_fused_kernel, ints,
                 {**aligned, "SPLIT_K": int(setting(config, "SPLIT_K"))})
