@@ -86,8 +86,8 @@ def _built(family: Any, problem: Problem, config: Config) -> tuple[Any, tuple[An
                                     cfg("streamk"), cfg("streamk", 256, 128, 64, w=8)],
                          ids=lambda c: f"{c['VARIANT']}-{c['SPLIT_K']}-{c['BLOCK_SIZE_M']}")
 def test_splitk_gives_the_same_bits_on_every_run(family: Any, config: Config) -> None:
-    # 192 tiles of 128×128: tma_tail splits the last 60 in two; streamk gives each SM 46-47 of the
-    # 6144 iterations (32 a tile); 96 tiles of 256×128: 23-24 of 3072
+    # 192 tiles of 128×128: tma_tail splits the last 60 in two, streamk cuts their 1920 K-blocks into
+    # 132 ranges of 15; 96 tiles of 256×128: streamk cuts all 3072 into ranges of 24
     problem = prob(1000, 3000, 2000, "bf16")
     run, _, out = _built(family, problem, config)
     outs = []

@@ -190,53 +190,69 @@ def matmul_tma_streamk_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
-    """Stream-K: the tiles × K-blocks iterations, in the grouped tile order, cut into one equal,
-    contiguous range per program. A program works through its range tile by tile; a tile whose
-    iterations its range holds whole is stored at once, a piece of one is written to the
-    program's slot of the workspace (slot 0: the piece its range starts with, slot 1: the piece it
-    ends with), and the program that draws the tile's last ticket sums the pieces of the
-    programs that share the tile in program order (deterministic, as splitk_fused), stores the
-    tile and resets its counter."""
+    """Stream-K over the last, partial wave (the "data-parallel + Stream-K" hybrid): the whole waves
+    of tiles as the tma kernel runs them, then the K-blocks of the remaining tiles in one sequence,
+    cut into one equal, contiguous range per program, so that no program idles while others finish
+    the wave. A range is shorter than a tile's K-blocks, so it holds a piece of one tile or of two:
+    the piece a range starts with goes to the program's slot 0 of the workspace, the piece it ends
+    with to slot 1 (a tile whose K-blocks one range holds whole is stored at once). The program that
+    draws a tile's last ticket sums its pieces in program order (deterministic, as splitk_fused),
+    stores the tile and resets the counter."""
     a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
                                           EPILOGUE_SUBTILE)
-    pid = tl.program_id(axis=0)
+    start = tl.program_id(axis=0)
     programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
-    total = num_pid_m * num_pid_n * k_blocks
-    per = tl.cdiv(total, programs)
-    begin = pid * per
-    end = tl.minimum(begin + per, total)
-    tile_size: tl.constexpr = BLOCK_SIZE_M * BLOCK_SIZE_N
-    offs_tile = tl.arange(0, BLOCK_SIZE_M)[:, None] * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :]
-    it = begin
-    while it < end:
-        tile = it // k_blocks
-        k0 = it - tile * k_blocks
-        k1 = tl.minimum(k_blocks, k0 + end - it)
+    tiles = num_pid_m * num_pid_n
+    tail = tiles % programs
+    full = tiles - tail
+    for tile in tl.range(start, full, programs, flatten=True):
         pid_m, pid_n = tile_pid(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
         accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k in range(k0, k1):
+        for k in range(0, k_blocks):
             a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
             b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
             accumulator = tl.dot(a, b, accumulator)
-        if k1 - k0 == k_blocks:
-            _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
-                        EPILOGUE_SUBTILE)
-        else:
-            first = tile * k_blocks // per  # the programs whose ranges hold a piece of this tile
-            last = ((tile + 1) * k_blocks - 1) // per
-            slot = (it != begin).to(tl.int64)
-            tl.store(ws_ptr + (pid * 2 + slot) * tile_size + offs_tile, accumulator, cache_modifier=".cg")
-            tl.debug_barrier()  # every thread's piece is stored before the ticket is taken
-            ticket = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if ticket == last - first:
-                summed = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-                for q in range(first, last + 1):
-                    q_slot = (q * per // k_blocks != tile).to(tl.int64)  # its range began in an earlier tile
-                    summed += tl.load(ws_ptr + (q * 2 + q_slot) * tile_size + offs_tile, cache_modifier=".cg")
-                _store_tile(c_desc, summed, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M,
+        _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
+                    EPILOGUE_SUBTILE)
+    # the last wave's tiles: iterations [begin, end) of tail * k_blocks, at most k_blocks of them
+    total = tail * k_blocks
+    per = tl.cdiv(total, programs)
+    begin = start * per
+    end = tl.minimum(begin + per, total)
+    tile_size: tl.constexpr = BLOCK_SIZE_M * BLOCK_SIZE_N
+    offs_tile = tl.arange(0, BLOCK_SIZE_M)[:, None] * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)[None, :]
+    for piece in tl.static_range(2):
+        it = begin
+        if piece == 1:
+            it = tl.minimum((begin // k_blocks + 1) * k_blocks, end)  # where the next tile starts
+        unit = it // k_blocks  # the tile among the last wave's
+        k0 = it - unit * k_blocks
+        k1 = tl.minimum(k_blocks, k0 + end - it)
+        if k0 < k1:
+            pid_m, pid_n = tile_pid(full + unit, num_pid_m, num_pid_n, GROUP_SIZE_M)
+            accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            for k in range(k0, k1):
+                a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
+                b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
+                accumulator = tl.dot(a, b, accumulator)
+            if k1 - k0 == k_blocks:
+                _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M,
                             BLOCK_SIZE_N, EPILOGUE_SUBTILE)
-                tl.atomic_xchg(lock_ptr + tile, 0)
-        it += k1 - k0
+            else:
+                first = unit * k_blocks // per  # the programs whose ranges hold a piece of this tile
+                last = ((unit + 1) * k_blocks - 1) // per
+                tl.store(ws_ptr + (start * 2 + piece).to(tl.int64) * tile_size + offs_tile, accumulator,
+                         cache_modifier=".cg")
+                tl.debug_barrier()  # every thread's piece is stored before the ticket is taken
+                ticket = tl.atomic_add(lock_ptr + unit, 1, sem="acq_rel", scope="gpu")
+                if ticket == last - first:
+                    summed = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+                    for q in range(first, last + 1):
+                        q_slot = (q * per // k_blocks != unit).to(tl.int64)  # its range began in the tile before
+                        summed += tl.load(ws_ptr + (q * 2 + q_slot) * tile_size + offs_tile, cache_modifier=".cg")
+                    _store_tile(c_desc, summed, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M,
+                                BLOCK_SIZE_N, EPILOGUE_SUBTILE)
+                    tl.atomic_xchg(lock_ptr + unit, 0)
