@@ -36,7 +36,7 @@ ALIGN_HINT where it applies, splitk, persistent, tma; 144 to 252 configs a probl
 `--variants --out data/replay/matmul-variants-h100.jsonl` (gzip the file to ship it).
 
 `--streamk-only` (matmul): VARIANT=streamk alone (`streamk_grid`), shipped as its own dataset with
-its own cuBLAS times (data/replay/matmul-streamk-h100.jsonl.gz).
+its own cuBLAS times (data/replay/matmul-variants-streamk-h100.jsonl.gz).
 
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
 interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="matmul: record only the variants added after the first recording (new_variants_grid)")
     p.add_argument("--streamk-only", action="store_true",
                    help="matmul: record only VARIANT=streamk (streamk_grid), e.g. --out "
-                        "data/replay/matmul-streamk-h100.jsonl")
+                        "data/replay/matmul-variants-streamk-h100.jsonl")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

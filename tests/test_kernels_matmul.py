@@ -317,3 +317,25 @@ def test_recorded_variants_dataset_is_each_problems_variants_grid_with_cublas(tm
     for w in winners:
         problem = next(p for p in ds.problems if p.key() == w.problem_key)
         assert w.median_ms == ds.records(problem)[FAMILY.space().parse(w.config)].median_ms
+
+
+def test_recorded_streamk_dataset_is_each_problems_streamk_grid_with_cublas() -> None:
+    import sys
+
+    from tilepilot.experiments import Status
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import record  # type: ignore[import-not-found]
+
+    ds = load_dataset(DATA_DIR / "matmul-variants-streamk-h100.jsonl.gz", FAMILY)
+    assert {p.key() for p in ds.problems} == {p.key() for p in record.problems_for("matmul", "all")}
+    for p in ds.problems:
+        records = ds.records(p)
+        assert set(records) == set(record.streamk_grid(p)), p.label()
+        for c, r in records.items():  # refused configs recorded as invalid, never timed; no failure otherwise
+            assert (FAMILY.space().check(c, p) is None) == (r.status is not Status.INVALID), (p.label(), c.label())
+            assert r.status in (Status.OK, Status.INVALID), (p.label(), c.label(), r.message)
+        assert ds.baseline(p)[0] == FAMILY.baseline_name
+    unaligned = next(p for p in ds.problems if p["K"] == 1500)  # no TMA for 3000-byte rows: all refused
+    assert {r.status for r in ds.records(unaligned).values()} == {Status.INVALID}
