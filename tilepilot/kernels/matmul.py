@@ -20,10 +20,10 @@ stages) plus the kernel variant and its own parameters:
   - "tma_tail": the tma kernel with the last, partial wave of tiles split along K over the programs
     the wave would leave idle (deterministic reduction as splitk_fused), for problems whose tile
     count falls just over a multiple of the SM count (matmul_persistent_triton.py);
-  - "streamk": the tma kernel with the work cut by iterations instead of tiles (Stream-K): all the
-    tiles' K-blocks in one sequence, an equal contiguous share of it per SM, a tile shared by
-    several programs summed in a fixed order (deterministic, as splitk_fused); no SM waits out a
-    last, partial wave, however few the tiles (matmul_persistent_triton.py);
+  - "streamk": the tma kernel's whole waves of tiles, then Stream-K over the last, partial wave:
+    its tiles' K-blocks cut into one equal, contiguous range per SM, a tile shared by two programs
+    summed in a fixed order (deterministic, as splitk_fused), so no SM waits out a partial wave,
+    however few the tiles (matmul_persistent_triton.py);
 - SPLIT_K (default 1): the number of K ranges, 2 or more for VARIANT=splitk or splitk_fused and 1
   otherwise (tma_tail derives its own split from the tile count);
 - EPILOGUE_SUBTILE (default False): tma, tma_tail and streamk store C in two halves, so the tile staged in

@@ -1,5 +1,5 @@
-"""VARIANT=persistent and VARIANT=tma of the `matmul` family: persistent kernels with a tile
-scheduler (Triton's 09-persistent-matmul tutorial).
+"""VARIANT=persistent, tma, tma_tail and streamk of the `matmul` family: persistent kernels with a
+tile scheduler (Triton's 09-persistent-matmul tutorial).
 
 The host launches one program per SM (fewer when there are fewer tiles); program p computes the
 output tiles p, p + P, p + 2P, ... (P programs) in the grouped order of the tutorial kernel, so
@@ -13,7 +13,9 @@ K loop are flattened into one pipelined loop) and no launch pays for more than o
   between global and shared memory and fills out-of-bounds rows and columns with zeros, so the
   kernel needs no masks. The descriptors are made on the device, in a global scratch buffer the
   host provides (`triton.set_allocator`). TMA needs 16-byte aligned row strides (K and N times
-  the element size): the family's constraints refuse other problems.
+  the element size): the family's constraints refuse other problems;
+- `matmul_tma_tail_kernel` and `matmul_tma_streamk_kernel`: the tma kernel with the last, partial
+  wave of tiles shared out among all the programs, split along K (see each kernel).
 
 Imported only inside a worker's child process.
 """
