@@ -26,8 +26,8 @@ stages) plus the kernel variant and its own parameters:
     however few the tiles (matmul_persistent_triton.py);
 - SPLIT_K (default 1): the number of K ranges, 2 or more for VARIANT=splitk or splitk_fused and 1
   otherwise (tma_tail derives its own split from the tile count);
-- EPILOGUE_SUBTILE (default False): tma, tma_tail and streamk store C in two halves, so the tile staged in
-  shared memory for the store is half as large (Triton's 09-persistent-matmul tutorial);
+- EPILOGUE_SUBTILE (default False): tma, tma_tail and streamk store C in two halves, so the tile
+  staged in shared memory for the store is half as large (Triton's 09-persistent-matmul tutorial);
 - WARP_SPECIALIZE (default False): tma's tile loop with `tl.range(..., warp_specialize=True)`
   (separate load and MMA warps); where the installed Triton cannot do that for the target the
   config is a `compile_error` with Triton's reason;
@@ -221,21 +221,8 @@ def accumulator_fits_registers(config: Config, problem: Problem) -> str | None:
     return None
 
 
-def streamk_fits(config: Config, problem: Problem) -> str | None:
-    """Stream-K counts the tiles' K-blocks in 32-bit integers."""
-    if setting(config, "VARIANT") != "streamk":
-        return None
-    m, n, k = dims(problem)
-    bm, bn, bk = (int(config[p]) for p in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
-    iterations = -(-m // bm) * -(-n // bn) * -(-k // bk)
-    if iterations >= 2**31:
-        return (f"VARIANT=streamk counts {iterations} tile iterations ({bm}×{bn} tiles × {bk}-wide K blocks), "
-                f"more than a 32-bit integer holds")
-    return None
-
-
 CONSTRAINTS = (variant_settings, align_hint_applies, shared_memory_fits, splitk_fits, tma_fits,
-               streamk_fits, accumulator_fits_registers)
+               accumulator_fits_registers)
 
 
 class MatmulFamily(KernelFamily):
@@ -354,9 +341,9 @@ class MatmulFamily(KernelFamily):
         if variant == "tma_tail":  # every SM, so that tiles fewer than the SMs are split too
             grid = (_programs(a), 1, 1)
             pointers.update(ws_ptr=_workspace(grid[0] * bm * bn, a.device), lock_ptr=_locks(grid[0], a.device))
-        if variant == "streamk":  # every SM; two pieces of a tile at most per program, a counter per tile
+        if variant == "streamk":  # every SM; at most two pieces a program, fewer last-wave tiles than SMs
             grid = (_programs(a), 1, 1)
-            pointers.update(ws_ptr=_workspace(grid[0] * 2 * bm * bn, a.device), lock_ptr=_locks(tiles, a.device))
+            pointers.update(ws_ptr=_workspace(grid[0] * 2 * bm * bn, a.device), lock_ptr=_locks(grid[0], a.device))
         run = launch(fn, grid, {**pointers, **ints}, constexprs, config, compiled)
         return _with_scratch(run, compiled, grid[0], out) if variant in TMA_VARIANTS else run
 
