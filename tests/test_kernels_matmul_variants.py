@@ -6,8 +6,8 @@ before any kernel is imported; fp16 only): every variant is correct on ragged sh
 an unaligned K included, through the Evaluator (outputs poisoned with NaN before each checked
 launch); a planted wrong output is `wrong_result` for every variant; an invalid variant config is
 never launched; the persistent kernels run with fewer programs than tiles, so each loops; split-K
-and stream-K give the same bits on every run. In a child with no GPU: every variant compiles ahead of time
-for sm_90 (split-K with its reduction), TMA becomes bulk tensor copies, ALIGN_HINT turns the
+and stream-K give the same bits on every run. In a child with no GPU: every variant compiles ahead of
+time for sm_90 (split-K with its reduction), TMA becomes bulk tensor copies, ALIGN_HINT turns the
 element-wise loads of an unaligned problem into 16-byte asynchronous copies, and TMA for a
 pre-Hopper target is a `compile_error` that says why. bf16 and the timings: tests/test_kernels_matmul_gpu.py.
 """
@@ -33,12 +33,12 @@ VARIANTS = [  # (VARIANT, SPLIT_K, ALIGN_HINT)
     ("persistent", 1, False), ("persistent", 1, True), ("tma", 1, False), ("splitk_fused", 2, False),
     ("splitk_fused", 4, True), ("tma_tail", 1, False), ("streamk", 1, False)]
 # ragged: M=1; K=72 and N=40 even but no multiple of 16 (ALIGN 8); K=100 (ALIGN 4) with N=48;
-# everything odd (no hint possible, no TMA); 4 tiles on 3 programs, so tma_tail splits its last tile in 3
-# (and streamk's 24 iterations, 8 a program, split tiles 1 and 2 in two); one tile of 10 K-blocks on 3
-# programs, so streamk splits it in 4, 4 and 2
+# everything odd (no hint possible, no TMA); 4 tiles on 3 programs, so tma_tail and streamk split the
+# last tile in 3; one tile of 10 K-blocks on 3 programs, so streamk splits it in 4, 4 and 2; 5 tiles of 3
+# K-blocks on 3 programs: streamk's second program ends one of the last two tiles and starts the other
 PROBLEMS = [{"M": 33, "N": 40, "K": 72, "dtype": "fp16"}, {"M": 1, "N": 48, "K": 100, "dtype": "fp16"},
             {"M": 50, "N": 45, "K": 67, "dtype": "fp16"}, {"M": 20, "N": 40, "K": 96, "dtype": "fp16"},
-            {"M": 16, "N": 32, "K": 160, "dtype": "fp16"}]
+            {"M": 16, "N": 32, "K": 160, "dtype": "fp16"}, {"M": 80, "N": 32, "K": 48, "dtype": "fp16"}]
 
 
 def run_child(code: str, *args: str, env: dict[str, str] | None = None) -> Any:
