@@ -82,13 +82,31 @@ def matmul_tma_kernel(
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
-    for tile in tl.range(start, num_pid_m * num_pid_n, programs, flatten=True, warp_specialize=WARP_SPECIALIZE):
+    _whole_waves(a_desc, b_desc, c_desc, start, num_pid_m * num_pid_n, programs, num_pid_m, num_pid_n, k_blocks,
+                 BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, EPILOGUE_SUBTILE, WARP_SPECIALIZE)
+
+
+@triton.jit
+def _k_range(a_desc, b_desc, pid_m, pid_n, k0, k1, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+             BLOCK_SIZE_K: tl.constexpr):
+    """The fp32 product of one output tile over the K-blocks [k0, k1), loaded through the descriptors."""
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(k0, k1):
+        a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
+        b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
+        accumulator = tl.dot(a, b, accumulator)
+    return accumulator
+
+
+@triton.jit
+def _whole_waves(a_desc, b_desc, c_desc, start, end, programs, num_pid_m, num_pid_n, k_blocks,
+                 BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                 GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    """Tiles start, start + programs, ... below `end`, each computed whole and stored: one tile loop
+    flattened with its K loop, so the loads of the next tile overlap the epilogue of this one."""
+    for tile in tl.range(start, end, programs, flatten=True, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = tile_pid(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
-        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k in range(0, k_blocks):
-            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
-            b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
-            accumulator = tl.dot(a, b, accumulator)
+        accumulator = _k_range(a_desc, b_desc, pid_m, pid_n, 0, k_blocks, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
         _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
                     EPILOGUE_SUBTILE)
 
@@ -140,16 +158,8 @@ def matmul_tma_tail_kernel(
     tiles = num_pid_m * num_pid_n
     tail = tiles % programs
     full = tiles - tail
-    # whole waves: one tile after another, as the tma kernel
-    for tile in tl.range(start, full, programs, flatten=True):
-        pid_m, pid_n = tile_pid(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
-        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k in range(0, k_blocks):
-            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
-            b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
-            accumulator = tl.dot(a, b, accumulator)
-        _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
-                    EPILOGUE_SUBTILE)
+    _whole_waves(a_desc, b_desc, c_desc, start, full, programs, num_pid_m, num_pid_n, k_blocks, BLOCK_SIZE_M,
+                 BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, EPILOGUE_SUBTILE, False)
     # the last, partial wave: each of its tiles split along K over the idle programs
     splits = 1
     if tail > 0:
@@ -161,11 +171,7 @@ def matmul_tma_tail_kernel(
         per_split = tl.cdiv(k_blocks, splits)
         first = split * per_split
         last = min(first + per_split, k_blocks)
-        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k in range(first, last):
-            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
-            b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
-            accumulator = tl.dot(a, b, accumulator)
+        accumulator = _k_range(a_desc, b_desc, pid_m, pid_n, first, last, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
         if splits == 1:
             _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
                     EPILOGUE_SUBTILE)
@@ -210,15 +216,8 @@ def matmul_tma_streamk_kernel(
     tiles = num_pid_m * num_pid_n
     tail = tiles % programs
     full = tiles - tail
-    for tile in tl.range(start, full, programs, flatten=True):
-        pid_m, pid_n = tile_pid(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
-        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k in range(0, k_blocks):
-            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
-            b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
-            accumulator = tl.dot(a, b, accumulator)
-        _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
-                    EPILOGUE_SUBTILE)
+    _whole_waves(a_desc, b_desc, c_desc, start, full, programs, num_pid_m, num_pid_n, k_blocks, BLOCK_SIZE_M,
+                 BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, EPILOGUE_SUBTILE, False)
     # the last wave's tiles: iterations [begin, end) of tail * k_blocks, at most k_blocks of them
     total = tail * k_blocks
     per = tl.cdiv(total, programs)
@@ -235,11 +234,7 @@ def matmul_tma_streamk_kernel(
         k1 = tl.minimum(k_blocks, k0 + end - it)
         if k0 < k1:
             pid_m, pid_n = tile_pid(full + unit, num_pid_m, num_pid_n, GROUP_SIZE_M)
-            accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-            for k in range(k0, k1):
-                a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
-                b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
-                accumulator = tl.dot(a, b, accumulator)
+            accumulator = _k_range(a_desc, b_desc, pid_m, pid_n, k0, k1, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
             if k1 - k0 == k_blocks:
                 _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M,
                             BLOCK_SIZE_N, EPILOGUE_SUBTILE)
