@@ -85,16 +85,11 @@ class TimingPlan:
     # is timed (see evaluate.py)
     outclass_ratio: float | None = None
     outclass_min_ms: float = 0.2
-    # the share of the GPU's time spent in the timed kernels: below 1, each sample is followed
-    # by a spin (outside the events) of (1 / duty - 1) times its length
-    duty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or not self.block_ms > 0 or self.spread_target < 0 or not self.time_cap_ms > 0:
             raise ValueError(f"bad timing plan {self}: rounds >= 1, block_ms > 0, spread_target >= 0 "
                              "and time_cap_ms > 0")
-        if not 0 < self.duty <= 1:
-            raise ValueError(f"bad timing plan {self}: duty must be in (0, 1]")
         if self.outclass_ratio is not None and not self.outclass_ratio > 1:
             raise ValueError(f"bad timing plan {self}: outclass_ratio must be above 1, or None")
 
@@ -182,7 +177,6 @@ class Track:
     estimate_ms: float = 0.0
     per_block: int = 1  # samples per block (events: runs of launches; graph: replays)
     per_sample: int = 1  # events: launches between one pair of events
-    gap_cycles: int = 0  # spin after each sample (plan.duty < 1)
     cursor: int = 0  # the next launch (events) or graph (graph) to run
     graphs: list[tuple[Any, int]] = field(default_factory=list)  # (CUDA graph, launches in it)
     samples: list[float] = field(default_factory=list)
@@ -289,9 +283,6 @@ class GpuTimer:
         else:
             t.per_sample = 1 if t.flush else min(MAX_GRAPH_LAUNCHES, max(1, math.ceil(SAMPLE_MS / t.estimate_ms)))
             t.per_block = min(MAX_SAMPLES, max(1, math.ceil(plan.block_ms / (t.estimate_ms * t.per_sample))))
-        if plan.duty < 1:
-            sample_ms = t.estimate_ms * (mean_launches if t.method == METHOD_GRAPH else t.per_sample)
-            t.gap_cycles = round(SPIN_CYCLES / 0.1 * sample_ms * (1 / plan.duty - 1))
 
     def _capture(self, t: Track) -> bool:
         """Capture the kernel's graphs and replay each once (the first replay uploads it).
@@ -363,8 +354,6 @@ class GpuTimer:
                     t.launches[t.cursor % len(t.launches)]()
                     t.cursor += 1
             end.record()
-            if t.gap_cycles:
-                torch.cuda._sleep(t.gap_cycles)
             launched.append(count)
         span[1].record()
         torch.cuda.synchronize()
