@@ -38,6 +38,9 @@ ALIGN_HINT where it applies, splitk, persistent, tma; 144 to 252 configs a probl
 `--streamk-only` (matmul): VARIANT=streamk alone (`streamk_grid`), shipped as its own dataset with
 its own cuBLAS times (data/replay/matmul-variants-streamk-h100.jsonl.gz).
 
+`--wide-only` (matmul): VARIANT=tma at BLOCK_SIZE_N 160 and 192 alone (`wide_grid`), shipped as its
+own dataset with its own cuBLAS times (data/replay/matmul-variants-wide-h100.jsonl.gz).
+
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
 interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`
 re-times 10 recorded configs per problem in a new process and compares medians.
@@ -157,6 +160,15 @@ def streamk_grid(problem: Problem) -> list[Config]:
     EPILOGUE_SUBTILE {False,True} (84)."""
     return [_config(bm, bn, bk, w, s, VARIANT="streamk", EPILOGUE_SUBTILE=sub)
             for (bm, bn, w), bk, s, sub in itertools.product(TMA_TILES, [32, 64, 128], [3, 4], [False, True])]
+
+
+def wide_grid(problem: Problem) -> list[Config]:
+    """VARIANT=tma at the tile widths that are not powers of two (`--wide-only`, recorded apart from
+    the variants' dataset, with its own cuBLAS times): BLOCK_SIZE_M {64,128,256} × BLOCK_SIZE_N
+    {160,192} × BLOCK_SIZE_K {32,64,128} × warps {4,8} × stages {3,4} (72; shared memory and
+    registers refuse about half)."""
+    return [_config(bm, bn, bk, w, s, VARIANT="tma")
+            for bm, bn, bk, w, s in itertools.product([64, 128, 256], [160, 192], [32, 64, 128], [4, 8], [3, 4])]
 
 
 def _config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
@@ -298,6 +310,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             return new_variants_grid(p)
         if args.streamk_only:
             return streamk_grid(p)
+        if args.wide_only:
+            return wide_grid(p)
         return variants_grid(p) if args.variants else configs_all
 
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
@@ -532,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streamk-only", action="store_true",
                    help="matmul: record only VARIANT=streamk (streamk_grid), e.g. --out "
                         "data/replay/matmul-variants-streamk-h100.jsonl")
+    p.add_argument("--wide-only", action="store_true",
+                   help="matmul: record only VARIANT=tma at BLOCK_SIZE_N 160 and 192 (wide_grid), e.g. --out "
+                        "data/replay/matmul-variants-wide-h100.jsonl")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

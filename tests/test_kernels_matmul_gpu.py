@@ -36,7 +36,8 @@ VARIANT_CONFIGS = [
     cfg("persistent"), cfg("persistent", 128, 256, 64, w=8, hint=True), cfg("tma"), cfg("tma", 64, 64, 32, s=4),
     cfg("tma", 128, 256, 64, w=8, subtile=True), cfg("splitk_fused", 16, 64, 128, split=4, hint=True),
     cfg("splitk_fused", 64, 128, 64, split=2), cfg("tma_tail"), cfg("tma_tail", 128, 256, 64, w=8, subtile=True),
-    cfg("streamk"), cfg("streamk", 256, 128, 64, w=8, subtile=True)]
+    cfg("streamk"), cfg("streamk", 256, 128, 64, w=8, subtile=True), cfg("tma", 128, 192, 64, w=8),
+    cfg("tma", 256, 160, 32, w=8, s=4)]
 PROBLEMS = [prob(33, 47, 65, "fp16"), prob(33, 40, 72, "bf16"), prob(1, 4096, 4096, "bf16"),
             prob(3000, 5000, 1000, "fp16"), prob(1000, 3000, 2000, "bf16"), prob(1500, 1500, 1500, "fp16"),
             prob(16384, 16384, 256, "bf16")]
@@ -101,7 +102,8 @@ def test_splitk_gives_the_same_bits_on_every_run(family: Any, config: Config) ->
 
 
 @pytest.mark.parametrize("config", [cfg("splitk", 64, 128, 64, split=4), cfg("tma"), cfg("persistent"),
-                                    cfg("splitk_fused", 64, 128, 64, split=4), cfg("tma_tail"), cfg("streamk")],
+                                    cfg("splitk_fused", 64, 128, 64, split=4), cfg("tma_tail"), cfg("streamk"),
+                                    cfg("tma", 128, 192, 64, w=8)],
                          ids=lambda c: str(c["VARIANT"]))
 def test_launch_allocates_nothing_and_is_captured_by_a_cuda_graph(family: Any, config: Config) -> None:
     problem = prob(512, 1024, 2048, "bf16")
@@ -137,7 +139,8 @@ def test_persistent_launch_is_one_program_per_sm(family: Any) -> None:
 
 @pytest.mark.parametrize("config", [cfg("persistent", hint=True), cfg("splitk", 64, 64, 64, split=2, hint=True),
                                     cfg("tma"), cfg("splitk_fused", 64, 64, 64, split=2, hint=True),
-                                    cfg("tma_tail", subtile=True), cfg("streamk")], ids=lambda c: str(c["VARIANT"]))
+                                    cfg("tma_tail", subtile=True), cfg("streamk"), cfg("tma", 128, 192, 64, w=8)],
+                         ids=lambda c: f"{c['VARIANT']}-{c['BLOCK_SIZE_N']}")
 def test_aot_variant_kernel_is_the_kernel_the_jit_builds(family: Any, config: Config) -> None:
     import triton
 

@@ -178,6 +178,45 @@ def test_tma_epilogue_in_two_halves_is_correct_where_tma_runs(interpreted: list[
     assert ran >= 6
 
 
+WIDE_CHILD = """
+import json, sys
+from tilepilot.experiments import Config
+from tilepilot.kernels import get_family
+from tilepilot.kernels.evaluate import Evaluator
+
+ev = Evaluator("interpret", input_sets=2, seed=5)
+family = get_family("matmul")
+out = []
+for raw in json.loads(sys.argv[1]):
+    p = family.parse_problem(raw)
+    configs = [Config.of({"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 2,
+                          "num_warps": 4, "num_stages": 2, "VARIANT": v, "EPILOGUE_SUBTILE": sub})
+               for bn, v, sub in ((160, "tma", False), (192, "tma", False), (192, "grouped", False),
+                                  (192, "tma", True), (160, "streamk", False))]
+    for c, r in zip(configs, ev.evaluate("matmul", p, configs)):
+        out.append([p.label(), c["BLOCK_SIZE_N"], c["VARIANT"], c["EPILOGUE_SUBTILE"], r.status.value, r.max_rel_err,
+                    r.message, family.tolerance(p)])
+print(json.dumps(out))
+"""
+# N=200: a 192-wide tile's second one has 8 of its 128 + 64 columns, a 160-wide one 40 of 128 + 32;
+# N=168: one 192-wide tile whose 64-column block is 40 columns in; 3 programs loop over 6 and 4 tiles
+WIDE_PROBLEMS = [{"M": 40, "N": 200, "K": 48, "dtype": "fp16"}, {"M": 33, "N": 168, "K": 72, "dtype": "fp16"}]
+
+
+def test_wide_tiles_are_correct_under_the_interpreter_and_only_for_tma() -> None:
+    rows = run_child(WIDE_CHILD, json.dumps(WIDE_PROBLEMS))
+    ok = [(label, bn) for label, bn, variant, sub, status, err, message, tol in rows
+          if status == "ok" and 0 <= err < tol and variant == "tma" and not sub]
+    assert len(ok) == 4, rows
+    refused = {(bn, variant, sub): message for _, bn, variant, sub, status, _, message, _ in rows
+               if status == "invalid"}
+    assert refused == {
+        (192, "grouped", False): "BLOCK_SIZE_N=192 (not a power of two) is only for VARIANT=tma",
+        (192, "tma", True): "EPILOGUE_SUBTILE=True is not for BLOCK_SIZE_N=192, which is stored as two column blocks",
+        (160, "streamk", False): "BLOCK_SIZE_N=160 (not a power of two) is only for VARIANT=tma"}
+    assert len(rows) == 10
+
+
 COMPILE_CHILD = """
 import json, re, sys
 from tilepilot.experiments import Config
@@ -188,18 +227,19 @@ from tilepilot.kernels.evaluate import compile_config
 family = get_family("matmul")
 base = json.loads(sys.argv[1])
 out = {"compile": [], "ptx": {}}
-for raw, variant, split, hint in json.loads(sys.argv[2]):
+for raw, variant, split, hint, *wide in json.loads(sys.argv[2]):
     p = family.parse_problem(raw)
-    c = Config.of({**base, "VARIANT": variant, "SPLIT_K": split, "ALIGN_HINT": hint})
+    c = Config.of({**base, "VARIANT": variant, "SPLIT_K": split, "ALIGN_HINT": hint,
+                   **({"BLOCK_SIZE_N": wide[0], "num_warps": 8} if wide else {})})
     o = compile_config("matmul", p, c, Target())
     out["compile"].append([p.label(), variant, split, hint, o.status.value, o.message, o.shared_bytes])
     if o.status.value == "ok":
         k = family.compile(p, c, Target())
         ops = {}
         for ptx in [k.asm["ptx"]] + ([k.reduce.asm["ptx"]] if variant == "splitk" else []):
-            for m in re.finditer(r"^\\s*(?:@%p\\d+\\s+)?((?:ld|st|cp)\\.[\\w:.]+)", ptx, re.M):
+            for m in re.finditer(r"^\\s*(?:@%p\\d+\\s+)?((?:ld|st|cp|wgmma)\\.[\\w:.]+)", ptx, re.M):
                 ops[m.group(1)] = ops.get(m.group(1), 0) + 1
-        out["ptx"][f"{p.label()} {variant} {split} {hint}"] = ops
+        out["ptx"][f"{p.label()} {variant} {split} {hint}" + (f" N{wide[0]}" if wide else "")] = ops
 o = compile_config("matmul", family.parse_problem(json.loads(sys.argv[2])[0][0]),
                    Config.of({**base, "VARIANT": "tma"}), Target(arch=80, max_shared_bytes=166912))
 out["tma_sm80"] = [o.status.value, o.message]
@@ -214,7 +254,7 @@ COMPILE_JOBS = [[UNALIGNED, "grouped", 1, False], [UNALIGNED, "grouped", 1, True
                 [UNALIGNED, "persistent", 1, True], [UNALIGNED, "tma", 1, False], [ALIGNED, "splitk", 4, False],
                 [ALIGNED, "persistent", 1, False], [ALIGNED, "tma", 1, False], [UNALIGNED, "splitk_fused", 4, True],
                 [ALIGNED, "splitk_fused", 2, False], [UNALIGNED, "tma_tail", 1, False], [ALIGNED, "tma_tail", 1, False],
-                [ALIGNED, "streamk", 1, False]]
+                [ALIGNED, "streamk", 1, False], [UNALIGNED, "tma", 1, False, 192]]
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +277,14 @@ def test_tma_variant_loads_and_stores_through_bulk_tensor_copies(compiled: dict[
         ops = compiled["ptx"][label]
         assert any(op.startswith("cp.async.bulk.tensor") for op in ops), (label, ops)
         assert not any(op.startswith("ld.global") for op in ops if "tma " in label), (label, ops)
+
+
+def test_a_192_wide_tile_is_two_warpgroup_products_of_128_and_64_columns(compiled: dict[str, Any]) -> None:
+    ops = compiled["ptx"]["M=3000 N=5000 K=1000 fp16 tma 1 False N192"]
+    assert ops.get("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", 0) > 0, ops
+    assert ops.get("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16", 0) > 0, ops
+    assert any(op.startswith("cp.async.bulk.tensor") for op in ops)
+    assert not any(op.startswith("ld.global") for op in ops)
 
 
 def test_align_hint_turns_element_loads_into_16_byte_async_copies(compiled: dict[str, Any]) -> None:

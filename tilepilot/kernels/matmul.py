@@ -43,6 +43,12 @@ A config without these parameters (recorded before they existed) is the grouped 
 The conditional parameters are constraints with a one-line reason, e.g. "SPLIT_K=4 is only for
 VARIANT=splitk".
 
+BLOCK_SIZE_N takes 160 and 192 besides powers of two, for VARIANT=tma only: a tile as wide as
+cuBLAS's 192x128 and 160x256 ones evens out the waves where power-of-two tiles leave SMs idle
+(3000 columns are 16 tiles of 192, one wave of 128 tiles at M=1000, against 12 of 256 in 96
+tiles); the kernel computes it as two column blocks, 128 + 64 or 128 + 32
+(matmul_persistent_triton.matmul_tma_wide_kernel).
+
 Constraints besides those: the pipelined tiles must fit shared memory, and the fp32 accumulator
 (BM·BN / (32·num_warps) registers per thread) the 255 registers a thread has.
 """
@@ -70,7 +76,7 @@ INTERPRETER_PROGRAMS = 3  # persistent programs under the interpreter: fewer tha
 
 PARAMS = (
     Param("BLOCK_SIZE_M", (16, 32, 64, 128, 256)),
-    Param("BLOCK_SIZE_N", (16, 32, 64, 128, 256)),
+    Param("BLOCK_SIZE_N", (16, 32, 64, 128, 160, 192, 256)),
     Param("BLOCK_SIZE_K", (16, 32, 64, 128, 256)),
     Param("GROUP_SIZE_M", (1, 4, 8, 16)),
     Param("num_warps", (2, 4, 8)),
@@ -221,7 +227,27 @@ def accumulator_fits_registers(config: Config, problem: Problem) -> str | None:
     return None
 
 
-CONSTRAINTS = (variant_settings, align_hint_applies, shared_memory_fits, splitk_fits, tma_fits,
+def wide_tile(config: Config, problem: Problem) -> str | None:
+    """A BLOCK_SIZE_N that is not a power of two is two column blocks of the tma kernel, each stored
+    whole (no EPILOGUE_SUBTILE, no WARP_SPECIALIZE)."""
+    bn = int(config["BLOCK_SIZE_N"])
+    if bn & (bn - 1) == 0:
+        return None
+    if setting(config, "VARIANT") != "tma":
+        return f"BLOCK_SIZE_N={bn} (not a power of two) is only for VARIANT=tma"
+    for name in ("EPILOGUE_SUBTILE", "WARP_SPECIALIZE"):
+        if setting(config, name):
+            return f"{name}=True is not for BLOCK_SIZE_N={bn}, which is stored as two column blocks"
+    return None
+
+
+def wide_split(bn: int) -> int:
+    """The second column block of a tile BLOCK_SIZE_N wide: 0 for a power of two, else what is
+    left past the largest power of two below it (192 -> 64, 160 -> 32)."""
+    return bn - (1 << (bn.bit_length() - 1))
+
+
+CONSTRAINTS = (wide_tile, variant_settings, align_hint_applies, shared_memory_fits, splitk_fits, tma_fits,
                accumulator_fits_registers)
 
 
@@ -394,6 +420,9 @@ def _kernel(problem: Problem, config: Config) -> tuple[Any, dict[str, int], dict
     aligned = {**constexprs, "ALIGN_K": align_k, "ALIGN_N": align_n}
     mnk = {k: ints[k] for k in ("M", "N", "K")}
     subtile = bool(setting(config, "EPILOGUE_SUBTILE"))
+    if variant == "tma" and wide_split(constexprs["BLOCK_SIZE_N"]):
+        return matmul_persistent_triton.matmul_tma_wide_kernel, mnk, {
+            **constexprs, "BLOCK_SIZE_N1": wide_split(constexprs["BLOCK_SIZE_N"])}
     if variant == "tma":
         return matmul_persistent_triton.matmul_tma_kernel, mnk, {
             **constexprs, "EPILOGUE_SUBTILE": subtile, "WARP_SPECIALIZE": bool(setting(config, "WARP_SPECIALIZE"))}

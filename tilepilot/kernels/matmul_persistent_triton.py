@@ -15,7 +15,11 @@ K loop are flattened into one pipelined loop) and no launch pays for more than o
   host provides (`triton.set_allocator`). TMA needs 16-byte aligned row strides (K and N times
   the element size): the family's constraints refuse other problems;
 - `matmul_tma_tail_kernel` and `matmul_tma_streamk_kernel`: the tma kernel with the last, partial
-  wave of tiles shared out among all the programs, split along K (see each kernel).
+  wave of tiles shared out among all the programs, split along K (see each kernel);
+- `matmul_tma_wide_kernel`: the tma kernel with a tile BLOCK_SIZE_N wide that is not a power of
+  two (160 or 192, as cuBLAS's 192x128 or 160x256 tiles), which Triton's blocks cannot be: two
+  column blocks side by side, of the largest power of two below it and the rest, each with its own
+  descriptors and accumulator, the A tile loaded once for both products.
 
 Imported only inside a worker's child process.
 """
@@ -139,6 +143,46 @@ def _store_tile(c_desc, accumulator, row, col, BLOCK_SIZE_M: tl.constexpr, BLOCK
         c_desc.store([row, col + BLOCK_SIZE_N // 2], right.to(dtype))
     else:
         c_desc.store([row, col], accumulator.to(dtype))
+
+
+@triton.jit
+def matmul_tma_wide_kernel(
+    a_ptr, b_ptr, c_ptr,
+    M, N, K,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, BLOCK_SIZE_N1: tl.constexpr,
+):
+    """The tma kernel's tile loop for a tile of BLOCK_SIZE_N = N0 + BLOCK_SIZE_N1 columns (N0 and
+    BLOCK_SIZE_N1 powers of two): columns [col, col + N0) and [col + N0, col + BLOCK_SIZE_N) are
+    two products of the same A tile. TMA reads zeros past N and clips the stores there."""
+    BLOCK_SIZE_N0: tl.constexpr = BLOCK_SIZE_N - BLOCK_SIZE_N1
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_K])
+    b0_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1],
+                                        block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N0])
+    b1_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1],
+                                        block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N1])
+    c0_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                        block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N0])
+    c1_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                        block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N1])
+    start = tl.program_id(axis=0)
+    programs = tl.num_programs(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
+    dtype = c0_desc.dtype
+    for tile in tl.range(start, num_pid_m * num_pid_n, programs, flatten=True):
+        pid_m, pid_n = tile_pid(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        row = pid_m * BLOCK_SIZE_M
+        col = pid_n * BLOCK_SIZE_N
+        acc0 = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N0), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N1), dtype=tl.float32)
+        for k in range(0, k_blocks):
+            a = a_desc.load([row, k * BLOCK_SIZE_K])
+            acc0 = tl.dot(a, b0_desc.load([k * BLOCK_SIZE_K, col]), acc0)
+            acc1 = tl.dot(a, b1_desc.load([k * BLOCK_SIZE_K, col + BLOCK_SIZE_N0]), acc1)
+        c0_desc.store([row, col], acc0.to(dtype))
+        c1_desc.store([row, col + BLOCK_SIZE_N0], acc1.to(dtype))
 
 
 @triton.jit
