@@ -47,7 +47,8 @@ BLOCK_SIZE_N takes 160 and 192 besides powers of two, for VARIANT=tma only: a ti
 cuBLAS's 192x128 and 160x256 ones evens out the waves where power-of-two tiles leave SMs idle
 (3000 columns are 16 tiles of 192, one wave of 128 tiles at M=1000, against 12 of 256 in 96
 tiles); the kernel computes it as two column blocks, 128 + 64 or 128 + 32
-(matmul_persistent_triton.matmul_tma_wide_kernel).
+(matmul_persistent_triton.matmul_tma_wide_kernel, which does not overlap a tile's
+epilogue with the next tile's loads as the tma kernel does).
 
 Constraints besides those: the pipelined tiles must fit shared memory, and the fp32 accumulator
 (BM·BN / (32·num_warps) registers per thread) the 255 registers a thread has.
