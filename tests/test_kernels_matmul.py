@@ -53,7 +53,8 @@ def test_space_has_the_tutorial_parameters_and_the_variant_ones() -> None:
                            "num_stages", "VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
     assert space.param("VARIANT").choices == ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail",
                                               "streamk")
-    assert space.size == 5 * 5 * 5 * 4 * 3 * 4 * 7 * 5 * 2 * 2 * 2
+    assert space.param("BLOCK_SIZE_N").choices == (16, 32, 64, 128, 160, 192, 256)
+    assert space.size == 5 * 7 * 5 * 4 * 3 * 4 * 7 * 5 * 2 * 2 * 2
 
 
 def test_shared_memory_constraint_names_the_need_and_the_limit() -> None:
@@ -317,7 +318,9 @@ def test_recorded_variants_dataset_is_each_problems_variants_grid_with_cublas(tm
         assert w.median_ms == ds.records(problem)[FAMILY.space().parse(w.config)].median_ms
 
 
-def test_recorded_streamk_dataset_is_each_problems_streamk_grid_with_cublas() -> None:
+@pytest.mark.parametrize("name, grid", [("matmul-variants-streamk-h100.jsonl.gz", "streamk_grid"),
+                                        ("matmul-variants-wide-h100.jsonl.gz", "wide_grid")])
+def test_recorded_streamk_and_wide_datasets_are_each_problems_grid_with_cublas(name: str, grid: str) -> None:
     import sys
 
     from tilepilot.experiments import Status
@@ -326,11 +329,11 @@ def test_recorded_streamk_dataset_is_each_problems_streamk_grid_with_cublas() ->
     sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
     import record  # type: ignore[import-not-found]
 
-    ds = load_dataset(DATA_DIR / "matmul-variants-streamk-h100.jsonl.gz", FAMILY)
+    ds = load_dataset(DATA_DIR / name, FAMILY)
     assert {p.key() for p in ds.problems} == {p.key() for p in record.problems_for("matmul", "all")}
     for p in ds.problems:
         records = ds.records(p)
-        assert set(records) == set(record.streamk_grid(p)), p.label()
+        assert set(records) == set(getattr(record, grid)(p)), p.label()
         for c, r in records.items():  # refused configs recorded as invalid, never timed; no failure otherwise
             assert (FAMILY.space().check(c, p) is None) == (r.status is not Status.INVALID), (p.label(), c.label())
             assert r.status in (Status.OK, Status.INVALID), (p.label(), c.label(), r.message)
