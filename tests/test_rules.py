@@ -9,6 +9,7 @@ import dataclasses
 import math
 
 import numpy as np
+import pytest
 
 from tests.proposer_toys import ENV, drive
 from tilepilot.agents.base import ProposerContext, SearchState
@@ -246,3 +247,23 @@ def test_the_local_step_mask_is_the_one_step_neighbourhood() -> None:
     assert mask is not None
     expected = [p._neighbours(best.config, c) for c in pool.configs]
     assert mask.tolist() == expected and sum(expected) >= 4
+
+
+def test_tile_widths_between_powers_of_two_keep_the_powers_one_step_apart() -> None:
+    from tilepilot.agents.rules import _grades
+    from tilepilot.kernels import get_family
+
+    assert _grades((16, 32, 64, 128, 160, 192, 256)) == pytest.approx((0, 1, 2, 3, 3 + math.log2(1.25),
+                                                                        3 + math.log2(1.5), 4))
+    for plain in ((64, 128, 256), (1, 2, 3, 4, 5, 6, 7, 8), (2, 3, 4, 5), (1, 4, 8, 16), ("a", "b")):
+        assert _grades(plain) == tuple(range(len(plain)))
+    # in the family's whole space the grouped kernel (no 160 or 192) still steps 128 -> 256 columns
+    space = get_family("matmul").space()
+    p = RulesProposer(ProposerContext("matmul", SQUARE, space, seed=0, budget=200))
+    grouped = space.parse({**cfg(128, 128, 64, 8, 4).as_dict(), "VARIANT": "grouped"})
+    wider, wide = (space.parse({**grouped.as_dict(), **kw}) for kw in ({"BLOCK_SIZE_N": 256},
+                                                                      {"BLOCK_SIZE_N": 192, "VARIANT": "tma"}))
+    assert p._neighbours(grouped, wider)
+    assert not p._neighbours(grouped, wide)  # two parameters moved
+    assert p._neighbours(space.parse({**grouped.as_dict(), "VARIANT": "tma"}), wide)
+    assert not p._neighbours(space.parse({**grouped.as_dict(), "BLOCK_SIZE_N": 64}), wider)  # 64 -> 256: two steps

@@ -92,6 +92,7 @@ class RulesProposer(Proposer):
         self._positions = [(p.name, {(type(c), c): i for i, c in enumerate(p.choices)}) for p in ctx.space.params]
         self._scales = tuple(self.settings.lengthscales.get(p.name, self.settings.default_lengthscale)
                              for p in ctx.space.params)
+        self._grades = [_grades(p.choices) for p in ctx.space.params]  # choice index -> distance position
         self._smem_cap: int | None = None  # least shared memory seen to fail with out_of_resources
         self._picks = 0  # proposals made, for the local-step rhythm
         self._bad_shapes: set[tuple[int, int, int, int]] = set()
@@ -224,7 +225,7 @@ class RulesProposer(Proposer):
             found.sort(key=lambda f: (f[0], f[1]))
             self._pool = _Pool.of([f[2] for f in found], np.array([f[0] for f in found], dtype=float),
                                   np.array([f[3] for f in found], dtype=np.int64).reshape(len(found), len(params)),
-                                  self._scales)
+                                  self._grades, self._scales)
         return self._pool
 
     def _configs(self) -> list[Config]:
@@ -271,17 +272,19 @@ class RulesProposer(Proposer):
         at = self._steps(best.config)
         if at is None:
             return None
-        moved = np.abs(pool.steps[alive] - np.asarray(at, dtype=np.int64))
-        near = (np.count_nonzero(moved, axis=1) == 1) & (moved.sum(axis=1) == 1)
+        moved = np.abs(pool.positions[alive] - _positions(np.asarray([at], dtype=np.int64), self._grades))
+        near = (np.count_nonzero(moved, axis=1) == 1) & (moved.sum(axis=1) <= 1 + 1e-9)
         return near if near.any() else None
 
     def _neighbours(self, a: Config, b: Config) -> bool:
-        """True when b differs from a in one parameter, by one step of its choices."""
+        """True when b differs from a in one parameter, by at most one step of its choices (a
+        factor of two at most, for a parameter graded by powers of two: see `_grades`)."""
         xa, xb = self._steps(a), self._steps(b)
         if xa is None or xb is None:
             return False
-        moved = [abs(i - j) for i, j in zip(xa, xb, strict=True) if i != j]
-        return moved == [1]
+        pa, pb = (_positions(np.asarray([x], dtype=np.int64), self._grades)[0] for x in (xa, xb))
+        moved = [abs(float(i - j)) for i, j in zip(pa, pb, strict=True) if i != j]
+        return len(moved) == 1 and moved[0] <= 1 + 1e-9
 
     def _steps(self, config: Config) -> tuple[int, ...] | None:
         """Each parameter's position among its choices; None outside the space."""
@@ -308,11 +311,12 @@ class RulesProposer(Proposer):
         return i, float(means[i]), float(stds[i])
 
     def _coords(self, config: Config) -> tuple[float, ...] | None:
-        """Each parameter's position among its choices, over its length scale; None outside the space."""
+        """Each parameter's position among its choices (`_grades`), over its length scale; None
+        outside the space."""
         steps = self._steps(config)
         if steps is None:
             return None
-        return tuple(pos / scale for pos, scale in zip(steps, self._scales, strict=True))
+        return tuple(g[i] / scale for i, g, scale in zip(steps, self._grades, self._scales, strict=True))
 
     def _position(self, config: Config) -> tuple[float, ...]:
         x = self._coords(config)
@@ -382,15 +386,47 @@ class _Pool:
 
     configs: list[Config]
     prior: np.ndarray  # the rank key (log-prediction + failure penalty) of each config
-    steps: np.ndarray  # [config, param]: position among the parameter's choices
-    coords: np.ndarray  # steps over the length scales: the GP's coordinates
+    steps: np.ndarray  # [config, param]: index among the parameter's choices
+    positions: np.ndarray  # [config, param]: the graded position of that choice (`_grades`)
+    coords: np.ndarray  # positions over the length scales: the GP's coordinates
     rows: dict[tuple[int, ...], int]  # steps -> row
 
     @classmethod
-    def of(cls, configs: list[Config], prior: np.ndarray, steps: np.ndarray, scales: tuple[float, ...]) -> _Pool:
-        coords = steps / np.asarray(scales, dtype=float) if len(configs) else np.zeros((0, len(scales)))
+    def of(cls, configs: list[Config], prior: np.ndarray, steps: np.ndarray, grades: list[tuple[float, ...]],
+           scales: tuple[float, ...]) -> _Pool:
+        positions = _positions(steps, grades) if len(configs) else np.zeros((0, len(scales)))
+        coords = positions / np.asarray(scales, dtype=float)
         rows = {tuple(int(v) for v in s): i for i, s in enumerate(steps)}
-        return cls(configs, prior, steps, coords, rows)
+        return cls(configs, prior, steps, positions, coords, rows)
+
+
+def _grades(choices: tuple[object, ...]) -> tuple[float, ...]:
+    """Where each choice of a parameter sits, for distances between configs: its index, except for
+    sizes graded by powers of two with a few values between them (BLOCK_SIZE_N 16 ... 128, 160,
+    192, 256): there a power of two sits at its index among the powers of two and a value between
+    two of them at the lower one's plus log2 of the ratio (160: 3.32, 192: 3.58, 256: 4), so 128
+    and 256 stay one step apart as in a space of powers of two alone. Graded so: consecutive
+    powers of two and fewer other values, each between the smallest and the largest."""
+    index = tuple(float(i) for i in range(len(choices)))
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in choices):
+        return index
+    sizes = [int(c) for c in choices]  # type: ignore[call-overload]
+    powers = sorted(c for c in sizes if c & (c - 1) == 0)
+    others = [c for c in sizes if c not in powers]
+    doubling = all(b == 2 * a for a, b in itertools.pairwise(powers))
+    if not others or not doubling or len(others) >= len(powers) or any(not powers[0] < c < powers[-1]
+                                                                        for c in others):
+        return index  # powers of two alone, or a range of plain integers (1 ... 8)
+    out = []
+    for c in sizes:
+        below = max(i for i, q in enumerate(powers) if q <= c)
+        out.append(below + math.log2(c / powers[below]))
+    return tuple(out)
+
+
+def _positions(steps: np.ndarray, grades: list[tuple[float, ...]]) -> np.ndarray:
+    """[config, param] choice indices -> graded positions."""
+    return np.stack([np.asarray(g, dtype=float)[steps[:, j]] for j, g in enumerate(grades)], axis=1)
 
 
 def _predict(gp: ResidualGp, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
