@@ -51,8 +51,9 @@ seed: cold, and warm, where the configs `orchestrator/warm_start.py` picks go fi
 first batch, the proposer filling the rest of it with them pending, as the driver queues them):
 the winners of the nearest other problems in log-shape space, each taken as the recorded
 optimum of that problem, as if the store held a campaign that found it; never the problem's own
-data (leave one problem out; no learnings, the store of this benchmark holds none). They count
-against the budget like any trial. Measure: distinct configs until one is within 2% of the
+data (leave one problem out; no learnings, the store of this benchmark holds none), in the order
+of the proposer's predictions where it predicts them all (`warm_start.by_prediction`, as the driver
+orders them). They count against the budget like any trial. Measure: distinct configs until one is within 2% of the
 optimum (`to_2pct`), the median over seeds per problem, then the median, mean and worst over
 problems; target: warm at most half of cold. A run stops once it reaches the target (the count
 depends only on what came before); the proposers are built with the whole grid as budget.
@@ -100,7 +101,7 @@ from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants
 from tilepilot.experiments import Candidate, Config, Problem, Result, Status
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
-from tilepilot.orchestrator.warm_start import warm_candidates
+from tilepilot.orchestrator.warm_start import by_prediction, warm_candidates
 from tilepilot.storage.store import WinnerSource
 
 log = logging.getLogger("search")
@@ -170,7 +171,7 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     state = SearchState()
     configs: list[Config] = []
     times: list[float | None] = []
-    head = [Candidate(problem, c, "warm-start", "") for c in first[:budget]]
+    head = by_prediction([Candidate(problem, c, "warm-start", "") for c in first], p.score)[:budget]
     try:
         while len(configs) < budget:
             if stop_ms is not None and any(t is not None and t <= stop_ms for t in times):

@@ -175,3 +175,25 @@ def test_cold_and_resumed_campaigns_start_without_warm_start(setup, capsys):
     tune(TuneOptions(campaign=campaign, backend="replay", dataset=setup["dataset"], db=db, resume=True))
     got = trials(db, "c")
     assert len(got) == 8 and not [t for t in got if t[0] == "warm-start"]
+
+
+def test_warm_candidates_go_in_the_order_the_proposer_predicts_when_it_predicts_them_all():
+    from tilepilot.agents.base import ProposerContext
+    from tilepilot.agents.rules import RulesProposer
+    from tilepilot.orchestrator.warm_start import by_prediction
+
+    space = get_family("matmul").space()
+    target = problem({"M": 6144, "N": 1536, "K": 4096, "dtype": "bf16"})
+    winners = [source({"M": 4096, "N": 1536, "K": 4096, "dtype": "bf16"}, cfg()),  # nearest: a 64x64 tile
+               source({"M": 8192, "N": 2048, "K": 4096, "dtype": "bf16"},
+                      cfg(BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, BLOCK_SIZE_K=64, num_warps=8))]
+    cands = warm_candidates(target, space, winners, budget=40)
+    assert [c.config["BLOCK_SIZE_N"] for c in cands] == [64, 256]  # nearest problem first
+    rules = RulesProposer(ProposerContext("matmul", target, space, seed=0, budget=40))
+    ranked = by_prediction(cands, rules.score)
+    assert [c.config["BLOCK_SIZE_N"] for c in ranked] == [256, 64]  # the tile model's order
+    assert ranked[0].predicted_ms is not None and ranked[0].predicted_ms < (ranked[1].predicted_ms or 0)
+    assert "; queued 1 of 2: rules predicts" in ranked[0].rationale
+    # a proposer that predicts nothing (random), or not every config, leaves the order alone
+    assert by_prediction(cands, lambda cs: [(None, "")] * len(cs)) == cands
+    assert by_prediction(cands, lambda cs: [(1.0, "a"), (None, "")]) == cands

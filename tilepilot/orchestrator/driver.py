@@ -56,7 +56,7 @@ from tilepilot.orchestrator.queue_scoring import (
     rescore,
     tier_of,
 )
-from tilepilot.orchestrator.warm_start import Rule, warm_candidates
+from tilepilot.orchestrator.warm_start import Rule, by_prediction, warm_candidates
 from tilepilot.storage import cost
 from tilepilot.storage.ledger import HypothesisRow, LearningRow
 from tilepilot.storage.rows import TrialWrite
@@ -266,7 +266,8 @@ class Driver:
         for run in self.runs.values():
             room = self.campaign.budget - run.counted - len(run.state.pending)
             cands = warm_candidates(run.problem, run.space, winners, rules, budget=self.campaign.budget,
-                                    torch=env.torch, triton=env.triton, skip=run.state.seen)[:max(0, room)]
+                                    torch=env.torch, triton=env.triton, skip=run.state.seen)
+            cands = by_prediction(cands, run.proposer.score)[:max(0, room)]
             if not cands:
                 continue
             queued += len(cands)

@@ -10,14 +10,17 @@ winning configs that fit the new problem are taken (nearby problems often share 
 each is followed by the variants the learnings in scope imply: a learning "p=a beats p=b"
 whose scope holds the new problem turns a winner with p=b into the same config with p=a.
 Every config is checked against the new problem's space (choices and constraints); at most
-`limit(budget)` are queued, and they count against the budget like any trial.
+`limit(budget)` are queued, and they count against the budget like any trial. Where the
+campaign's proposer predicts a time for every one of them (`Proposer.score`: rules' tile model
+does), they go in the order of its predictions instead (`by_prediction`): the nearest problem's
+winner is not always the best of them on the new shape.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from tilepilot.experiments import Candidate, Config, Hypothesis, InputError, Learning, Problem, SearchSpace
 from tilepilot.storage.store import WinnerSource
@@ -105,6 +108,22 @@ def warm_candidates(problem: Problem, space: SearchSpace, winners: Sequence[Winn
             skip.add(fit)
             out.append(Candidate(problem, fit, NAME, why))
     return out[:limit(budget)]
+
+
+Score = Callable[[Sequence[Config]], list[tuple[float | None, str]]]
+
+
+def by_prediction(cands: Sequence[Candidate], score: Score) -> list[Candidate]:
+    """The warm-start candidates fastest-predicted first, when `score` (a proposer's) predicts every
+    one of them; else as they are. Ties keep their order (nearest problem first)."""
+    scores = score([c.config for c in cands]) if len(cands) > 1 else []
+    if not scores or any(ms is None for ms, _ in scores):
+        return list(cands)
+    order = sorted(range(len(cands)), key=lambda i: (scores[i][0], i))
+    return [replace(cands[i], predicted_ms=scores[i][0],
+                    rationale=f"{cands[i].rationale}; queued {rank} of {len(cands)}: "
+                              f"{scores[i][1] or f'predicted {scores[i][0]:.3g} ms'}")
+            for rank, i in enumerate(order, start=1)]
 
 
 def _fits(space: SearchSpace, problem: Problem, config: Config) -> Config | None:
