@@ -40,6 +40,7 @@ from tilepilot.agents.residual_gp import GpSettings, ResidualGp
 from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline
 from tilepilot.agents.rules_text import describe
 from tilepilot.agents.tile_model import (
+    ALIASES,
     TILE_NAMES,
     Constants,
     Estimate,
@@ -49,7 +50,7 @@ from tilepilot.agents.tile_model import (
     tile_from,
     tile_of,
 )
-from tilepilot.experiments import Candidate, Config, Result, Status
+from tilepilot.experiments import Candidate, Config, Problem, Result, SearchSpace, Status
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,9 @@ class RulesProposer(Proposer):
         self._modelled = gemm_dims(ctx.problem) is not None
         # each parameter's choices -> position (a value matches a choice of its own type only)
         self._positions = [(p.name, {(type(c), c): i for i, c in enumerate(p.choices)}) for p in ctx.space.params]
-        self._scales = tuple(self.settings.lengthscales.get(p.name, self.settings.default_lengthscale)
+        inert = _inert(ctx.problem, ctx.space)
+        self._scales = tuple(math.inf if p.name in inert else
+                             self.settings.lengthscales.get(p.name, self.settings.default_lengthscale)
                              for p in ctx.space.params)
         self._grades = [_grades(p.choices) for p in ctx.space.params]  # choice index -> distance position
         self._smem_cap: int | None = None  # least shared memory seen to fail with out_of_resources
@@ -104,6 +107,7 @@ class RulesProposer(Proposer):
         alive = self._unseen(pool, state.seen)  # rows of the pool not yet measured, in prior order
         if n <= 0 or not len(alive):
             return []
+        alive = self._unknown(pool, alive, state.seen)
         gp = ResidualGp(self._gp_settings())
         xs, ys = self._training()
         gp.fit(xs, ys)
@@ -241,6 +245,18 @@ class RulesProposer(Proposer):
             if row is not None and pool.configs[row] == c:
                 mask[row] = False
         return np.flatnonzero(mask)
+
+    def _unknown(self, pool: _Pool, alive: np.ndarray, seen: set[Config]) -> np.ndarray:
+        """The `alive` rows that differ from every seen config in more than the inert parameters
+        (`_inert`: one measured, the others are known); all of `alive` when none does, so the
+        search still ends exhaustive."""
+        inert = np.isinf(np.asarray(self._scales))
+        if not inert.any():
+            return alive
+        live = ~inert
+        known = {tuple(int(v) for v in np.asarray(steps)[live]) for c in seen if (steps := self._steps(c)) is not None}
+        keep = np.array([tuple(int(v) for v in pool.steps[row][live]) not in known for row in alive], dtype=bool)
+        return alive[keep] if keep.any() else alive
 
     def _training(self) -> tuple[list[tuple[float, ...]], list[float]]:
         xs: list[tuple[float, ...]] = []
@@ -398,6 +414,23 @@ class _Pool:
         coords = positions / np.asarray(scales, dtype=float)
         rows = {tuple(int(v) for v in s): i for i, s in enumerate(steps)}
         return cls(configs, prior, steps, positions, coords, rows)
+
+
+def _inert(problem: Problem, space: SearchSpace) -> frozenset[str]:
+    """Parameters that cannot change a time on this problem: where both operands load element by
+    element (K and N not multiples of 16, see `tile_model`), nothing goes through the asynchronous
+    copy pipeline, so its depth (num_stages) does nothing. The GP then reads configs that differ only
+    in them as one point: one measured, the others are known. Not where the space holds a way to
+    vectorise the loads (matmul's ALIGN_HINT or its tensor-descriptor variants)."""
+    dims = gemm_dims(problem)
+    if dims is None or dims[1] % 16 == 0 or dims[2] % 16 == 0:
+        return frozenset()
+    names = space.names
+    if "ALIGN_HINT" in names and True in space.param("ALIGN_HINT").choices:
+        return frozenset()
+    if "VARIANT" in names and set(space.param("VARIANT").choices) - {"grouped", "splitk", "persistent"}:
+        return frozenset()
+    return frozenset(ALIASES["stages"])
 
 
 def _grades(choices: tuple[object, ...]) -> tuple[float, ...]:

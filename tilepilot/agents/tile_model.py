@@ -4,15 +4,17 @@ The model reads a config through the tile parameters it knows (`BLOCK_SIZE_M` or
 and likewise N and K, `num_warps`, `num_stages`); a space without them has no tile model.
 
 What it estimates for one (problem, config):
-- resources: shared memory of the pipelined A/B tiles (`stages × (BM + BN) × BK × bytes`)
-  against the device's per-block and per-SM limits; registers per thread (the fp32
+- resources: shared memory of the pipelined A/B tiles (`stages × (BM + BN) × BK × bytes`; an
+  operand loaded element by element sits there once, not once per stage) against the device's
+  per-block and per-SM limits; registers per thread (the fp32
   accumulator `BM·BN / (32·num_warps)` plus addressing) against the 255-register limit,
   the excess being spilled; resident blocks per SM from both;
 - the grid: tiles `⌈M/BM⌉·⌈N/BN⌉`, waves over the SMs, work wasted padding M, N, K to the tile;
 - time: each SM works through its tiles at the slower of its tensor-core rate (lower for
   small per-warpgroup tiles) and its operand feed (the bandwidth one SM can take, and the
-  bytes the pipeline keeps in flight over the memory latency; element-wise loads where a row
-  stride is not a multiple of 16), plus a fill-and-drain cost per round of resident tiles;
+  bytes the asynchronous copies keep in flight over the memory latency; element-wise loads where
+  a row stride is not a multiple of 16 go outside that pipeline, at a rate of their own), plus a
+  fill-and-drain cost per round of resident tiles;
   L2 delivering every tile's operands at its aggregate bandwidth bounds the feed (a last,
   partial wave shares L2 among the few SMs that run it, not among all), and DRAM traffic at
   the HBM ceiling bounds the whole; rows of A re-read when M < BLOCK_SIZE_M add a hot-spot
@@ -62,13 +64,13 @@ class Constants:
     mma_sync_fraction: float = 0.5  # rate of warp-level MMA (BM < 64 or < 4 warps: no warpgroup MMA)
     reg_overhead: float = 40.0  # registers per thread besides the accumulator and tile pointers
     regs_per_vector: float = 2.0  # registers per 16-byte load a thread issues per stage (a pointer)
-    l2_gbps: float = 8051.0  # operand bandwidth of L2 to all SMs together
-    sm_gbps: float = 208.3  # operand bandwidth one SM can take
-    latency_us: float = 1.446  # memory latency the pipeline's bytes in flight must cover
-    dup_gbps: float = 1201.0  # per distinct row of A: L2 rate for rows re-read when M < BLOCK_SIZE_M
-    scalar_gbps: float = 9.409  # per SM: element-wise loads of an operand that is not vectorised
-    mma_half_n: float = 74.43  # width N of one warpgroup's MMA at which its rate halves
-    fill_us: float = 2.991  # fill and drain of one round of resident tiles (prologue, epilogue)
+    l2_gbps: float = 8018.0  # operand bandwidth of L2 to all SMs together
+    sm_gbps: float = 960.0  # operand bandwidth one SM can take (fitted high: never binds on the grid)
+    latency_us: float = 1.448  # memory latency the pipeline's bytes in flight must cover
+    dup_gbps: float = 1199.0  # per distinct row of A: L2 rate for rows re-read when M < BLOCK_SIZE_M
+    scalar_gbps: float = 4.928  # per SM: element-wise loads of an operand that is not vectorised
+    mma_half_n: float = 74.8  # width N of one warpgroup's MMA at which its rate halves
+    fill_us: float = 3.052  # fill and drain of one round of resident tiles (prologue, epilogue)
     launch_us: float = 4.0  # fixed cost of a launch as CUDA events see it
     spill_cost: float = 15.0  # time multiplier per fraction of 255 registers spilled
     dram_refetch: float = 1.0  # scale of the wave-by-wave DRAM traffic estimate
@@ -182,7 +184,13 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     if dims is None:
         raise ValueError(f"no tile model for {problem.label()}")
     m, n, kk, size = dims
-    shared = t.stages * (t.bm + t.bn) * t.bk * size
+    # Triton specialises integer arguments on divisibility by 16: a row stride (K for A, N for
+    # B) that is not a multiple of 16 leaves the loads of that operand unvectorised and out of
+    # the asynchronous copy pipeline: they go through registers at a low rate of their own, and
+    # their tile sits in shared memory once, not once per stage.
+    scalar = [name for name, dim in (("A", kk), ("B", n)) if dim % 16]
+    vector_rows = (0 if "A" in scalar else t.bm) + (0 if "B" in scalar else t.bn)
+    shared = (t.stages * vector_rows + (t.bm + t.bn - vector_rows)) * t.bk * size
     threads = 32 * t.warps
     acc = t.bm * t.bn / threads
     vectors = (t.bm * t.bk + t.bk * t.bn) * size / 16 / threads
@@ -207,17 +215,15 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
         rate *= k.mma_sync_fraction
     compute_us = per_sm * 2.0 * t.bm * t.bn * t.bk * iters / rate * 1e6
     stage_bytes = (t.bm + t.bn) * t.bk * size
-    in_flight = max(1, t.stages - 1) * stage_bytes * min(bps, per_sm)
+    vector_bytes = vector_rows * t.bk * size  # what the asynchronous copies bring per stage
+    in_flight = max(1, t.stages - 1) * vector_bytes * min(bps, per_sm)
     # The busiest SM at the rate one SM can take, and L2 delivering every tile's operands at its
     # aggregate rate. (Sharing L2 equally among the active SMs for the whole run would charge the
     # tiles of a last, partial wave for SMs that have already finished: 288 tiles on 132 SMs
     # would be fed as if all 132 ran three tiles each.)
     sm_gbps = min(k.sm_gbps, in_flight / (k.latency_us * 1e3))
-    feed_us = max(per_sm / sm_gbps, tiles / k.l2_gbps) * stage_bytes * iters * 1e-3
-    # Triton specialises integer arguments on divisibility by 16: a row stride (K for A, N for
-    # B) that is not a multiple of 16 leaves the loads of that operand unvectorised (and out of
-    # the asynchronous copy pipeline): they go at a low rate of their own.
-    scalar = [name for name, dim in (("A", kk), ("B", n)) if dim % 16]
+    vector_us = per_sm * vector_bytes / sm_gbps if vector_bytes else 0.0
+    feed_us = max(vector_us, tiles * stage_bytes / k.l2_gbps) * iters * 1e-3
     scalar_bytes = ((t.bm if "A" in scalar else 0) + (t.bn if "B" in scalar else 0)) * t.bk * iters * size
     feed_us += per_sm * scalar_bytes / (k.scalar_gbps * 1e3)
     rounds = math.ceil(per_sm / bps)
