@@ -41,6 +41,7 @@ FITTED = ("mma_half_area", "mma_half_n", "l2_gbps", "sm_gbps", "latency_us", "du
 # carries nothing of its held-out problem.
 NEUTRAL = dataclasses.replace(DEFAULT_CONSTANTS, mma_half_area=4096.0, mma_half_n=32.0, l2_gbps=9000.0,
                               sm_gbps=120.0, latency_us=1.0, dup_gbps=1000.0, fill_us=1.0, scalar_gbps=16.0)
+SAVED = (*FITTED, "scalar_error_var")  # what a fit sets (scalar_error_var measured, not searched)
 BOUND = 8.0  # a fitted constant stays within this factor of its neutral value
 MARGIN = 1.02  # pairs closer than this are ties, not ranked
 SHARPNESS = 0.05  # log-units over which a wrong order starts to cost
@@ -114,8 +115,28 @@ def fit(data: Sequence[ProblemData], start: Constants = NEUTRAL, evals: int = 60
                 values = [values[0]] + [f(x) for x in simplex[1:]]
         if max(values) - min(values) < 1e-6:
             break
-    best = simplex[int(np.argmin(values))]
-    return _constants(np.clip(best, lo, hi))
+    best = _constants(np.clip(simplex[int(np.argmin(values))], lo, hi))
+    return dataclasses.replace(best, scalar_error_var=error_variance_ratio(data, best))
+
+
+def both_scalar(problem: Problem) -> bool:
+    """Both operands load element by element: K and N are not multiples of 16 (see tile_model)."""
+    return bool(int(problem["K"]) % 16 and int(problem["N"]) % 16)
+
+
+def error_variance_ratio(data: Sequence[ProblemData], k: Constants) -> float:
+    """The variance of the model's log-error over each problem's configs, averaged over the problems
+    whose operands both load element by element, over its average on the others; 1.0 when the data
+    hold no problem of either kind. The rules proposer widens its prior by it on such problems."""
+    def variance(d: ProblemData) -> float:
+        pred = np.log([estimate(d.problem, c, k=k).predicted_ms for c in d.configs])
+        return float(np.var(np.log(d.times_ms) - pred))
+
+    scalar = [variance(d) for d in data if both_scalar(d.problem)]
+    other = [variance(d) for d in data if not both_scalar(d.problem)]
+    if not scalar or not other:
+        return 1.0
+    return max(1.0, statistics.fmean(scalar) / statistics.fmean(other))
 
 
 def _constants(x: np.ndarray) -> Constants:
@@ -151,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("current constants: loss %.4f on %d problems", loss(data, k), len(data))
     if args.fit:
         k = fit(data)
-        log.info("fitted (loss %.4f): %s", loss(data, k), ", ".join(f"{n}={getattr(k, n):.4g}" for n in FITTED))
+        log.info("fitted (loss %.4f): %s", loss(data, k), ", ".join(f"{n}={getattr(k, n):.4g}" for n in SAVED))
     report(data, k)
     return 0
 

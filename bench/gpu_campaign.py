@@ -75,7 +75,7 @@ def folds_of(problems: list[Problem], k: int) -> list[list[Problem]]:
 def fit_folds(dataset: ReplayDataset, problems: list[Problem], k: int, out: Path) -> None:
     """Constants for each fold, fitted on the other folds' problems; written as JSON."""
     sys.path.insert(0, str(ROOT / "bench"))
-    from fit_rules import FITTED, fit, problem_data
+    from fit_rules import SAVED, fit, problem_data
 
     folds = []
     for i, held in enumerate(folds_of(problems, k)):
@@ -83,7 +83,7 @@ def fit_folds(dataset: ReplayDataset, problems: list[Problem], k: int, out: Path
         t0 = time.monotonic()
         constants = fit(problem_data(dataset, train))
         folds.append({"fold": i, "held_out": [p.label() for p in held], "fitted_on": len(train),
-                      "constants": {n: getattr(constants, n) for n in FITTED}})
+                      "constants": {n: getattr(constants, n) for n in SAVED}})
         print(f"fold {i}: fitted on {len(train)} problems in {time.monotonic() - t0:.0f} s", flush=True)
     out.write_text(json.dumps({"what": "rules tile-model constants per fold, each fitted without its fold's problems",
                                "command": " ".join(["python", "bench/gpu_campaign.py", *sys.argv[1:]]),

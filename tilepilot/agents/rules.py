@@ -342,7 +342,10 @@ class RulesProposer(Proposer):
 
     def _gp_settings(self) -> GpSettings:
         s = self.settings
-        return GpSettings(lengthscales=(1.0,) * len(self.ctx.space.params), signal_var=s.signal_var,
+        # where the model errs more (both operands loaded element by element, see _inert), its
+        # prior is wider by the variance ratio measured where the constants were fitted
+        wider = self.constants.scalar_error_var if np.isinf(self._scales).any() else 1.0
+        return GpSettings(lengthscales=(1.0,) * len(self.ctx.space.params), signal_var=s.signal_var * wider,
                           offset_var=s.offset_var, noise_var=s.noise_var)
 
     # ---- failures ------------------------------------------------------------------

@@ -53,7 +53,7 @@ class Constants:
 
     The eight fitted ones (`bench/fit_rules.FITTED`) were fitted by `python bench/fit_rules.py
     --problems all --fit` (a ranking loss, Nelder-Mead from round physical values) on all 29
-    problems of data/replay/matmul-h100.jsonl; `bench/search.py` never scores with these: it
+    problems of data/replay/matmul-h100.jsonl, and `scalar_error_var` measured there after the fit; `bench/search.py` never scores with these: it
     refits them without the problem it scores. Set by hand: `launch_us` (changes no ranking),
     `spill_cost` (spilling configs ran 5-40x slower), `mma_sync_fraction` and the register
     model (Triton's register counts are within ~20 of it; every config it says spills did
@@ -74,6 +74,10 @@ class Constants:
     launch_us: float = 4.0  # fixed cost of a launch as CUDA events see it
     spill_cost: float = 15.0  # time multiplier per fraction of 255 registers spilled
     dram_refetch: float = 1.0  # scale of the wave-by-wave DRAM traffic estimate
+    # the variance of the model's log-error over a problem's configs where both operands load
+    # element by element, over that variance on the other problems: measured on the problems the
+    # constants are fitted on (bench/fit_rules.error_variance_ratio; 1 where they hold none such)
+    scalar_error_var: float = 9.98
 
 
 DEFAULT_CONSTANTS = Constants()
