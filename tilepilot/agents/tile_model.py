@@ -53,11 +53,11 @@ class Constants:
 
     The eight fitted ones (`bench/fit_rules.FITTED`) were fitted by `python bench/fit_rules.py
     --problems all --fit` (a ranking loss, Nelder-Mead from round physical values) on all 29
-    problems of data/replay/matmul-h100.jsonl, and `scalar_error_var` measured there after the fit; `bench/search.py` never scores with these: it
-    refits them without the problem it scores. Set by hand: `launch_us` (changes no ranking),
-    `spill_cost` (spilling configs ran 5-40x slower), `mma_sync_fraction` and the register
-    model (Triton's register counts are within ~20 of it; every config it says spills did
-    spill, and no other).
+    problems of data/replay/matmul-h100.jsonl, and `scalar_error_var` measured there after the
+    fit; `bench/search.py` never scores with these: it refits them without the problem it
+    scores. Set by hand: `launch_us` (changes no ranking), `spill_cost` (spilling configs ran
+    5-40x slower), `mma_sync_fraction` and the register model (Triton's register counts are
+    within ~20 of it; every config it says spills did spill, and no other).
     """
 
     mma_half_area: float = 512.0  # per-warpgroup tile area (elements) at which the MMA rate halves

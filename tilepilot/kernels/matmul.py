@@ -44,9 +44,9 @@ The conditional parameters are constraints with a one-line reason, e.g. "SPLIT_K
 VARIANT=splitk".
 
 BLOCK_SIZE_N takes 160 and 192 besides powers of two, for VARIANT=tma only: a tile as wide as
-cuBLAS's 192x128 and 160x256 ones evens out the waves where power-of-two tiles leave SMs idle
-(3000 columns are 16 tiles of 192, one wave of 128 tiles at M=1000, against 12 of 256 in 96
-tiles); the kernel computes it as two column blocks, 128 + 64 or 128 + 32
+cuBLAS's 192x128 and 160x256 ones can even out the waves where power-of-two tiles leave SMs idle
+(6144×1536×4096: 384 tiles of 128×192 are 2.9 waves on 132 SMs, 288 of 128×256 are 2.2, so three
+rounds of the larger tile); the kernel computes it as two column blocks, 128 + 64 or 128 + 32
 (matmul_persistent_triton.matmul_tma_wide_kernel, which does not overlap a tile's
 epilogue with the next tile's loads as the tma kernel does).
 
