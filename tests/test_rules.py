@@ -267,3 +267,40 @@ def test_tile_widths_between_powers_of_two_keep_the_powers_one_step_apart() -> N
     assert not p._neighbours(grouped, wide)  # two parameters moved
     assert p._neighbours(space.parse({**grouped.as_dict(), "VARIANT": "tma"}), wide)
     assert not p._neighbours(space.parse({**grouped.as_dict(), "BLOCK_SIZE_N": 64}), wider)  # 64 -> 256: two steps
+
+
+UNALIGNED = Problem.of({"M": 1500, "N": 1500, "K": 1500, "dtype": "fp16"})  # K and N no multiple of 16
+HALF = Problem.of({"M": 1000, "N": 3000, "K": 2000, "dtype": "bf16"})  # N alone no multiple of 16
+
+
+def test_an_operand_loaded_element_by_element_is_out_of_the_copy_pipeline() -> None:
+    # its tile sits in shared memory once (recorded on the H100: 106,496 B for 256x64x64, 3 stages,
+    # on 1000x3000x2000), and where both load so, the pipeline's depth changes nothing
+    assert estimate(HALF, cfg(256, 64, 64, 4, 3)).shared_bytes == (3 * 256 + 64) * 64 * 2
+    assert estimate(SQUARE, cfg(256, 64, 64, 4, 3)).shared_bytes == 3 * (256 + 64) * 64 * 2
+    assert len({estimate(UNALIGNED, cfg(128, 64, 32, 4, s)).predicted_ms for s in (3, 4, 5)}) == 1
+    assert len({estimate(HALF, cfg(128, 64, 32, 4, s)).predicted_ms for s in (3, 4, 5)}) > 1
+
+
+def test_num_stages_is_inert_only_where_both_operands_load_element_by_element_and_nothing_vectorises() -> None:
+    from tilepilot.agents.rules import _inert
+    from tilepilot.kernels import get_family
+
+    assert _inert(UNALIGNED, UNCHECKED) == {"num_stages"}
+    assert _inert(HALF, UNCHECKED) == frozenset() and _inert(SQUARE, UNCHECKED) == frozenset()
+    assert _inert(UNALIGNED, get_family("matmul").space()) == frozenset()  # ALIGN_HINT and tma vectorise
+    unaligned, aligned = rules(UNALIGNED), rules(SQUARE)
+    k = unaligned.constants
+    assert k.scalar_error_var > 1
+    assert unaligned._gp_settings().signal_var == pytest.approx(unaligned.settings.signal_var * k.scalar_error_var)
+    assert aligned._gp_settings().signal_var == aligned.settings.signal_var
+
+
+def test_configs_that_differ_only_in_an_inert_parameter_come_after_every_other() -> None:
+    p = rules(UNALIGNED)
+    state = drive(p, budget=40, answer=lambda c: timed(UNALIGNED, c, 1.0 + 0.01 * int(c["BLOCK_SIZE_K"])))
+    tiles = [(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["BLOCK_SIZE_K"], c["num_warps"]) for c in state.results]
+    distinct = len(set(tiles))
+    assert distinct == len(tiles) == 40  # no stage-only sibling while other tiles are left
+    everything = drive(rules(UNALIGNED), budget=len(list(UNCHECKED)), answer=lambda c: timed(UNALIGNED, c, 1.0))
+    assert len(everything.results) > distinct  # the siblings still come, last: the search stays exhaustive

@@ -93,3 +93,19 @@ def test_tune_refuses_a_bad_constants_file_before_writing_anything(tmp_path: Pat
     assert proc.stderr.count("\n") == 1 and "unknown rules constant 'nope'" in proc.stderr
     assert CONSTANTS_ENV in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "t.db").exists()
+
+
+def test_the_fit_measures_how_much_more_the_model_errs_where_both_operands_load_element_by_element() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    import fit_rules  # type: ignore[import-not-found]
+
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    ds = load_dataset(DATA_DIR / "matmul-h100.jsonl", get_family("matmul"))
+    data = fit_rules.problem_data(ds, ds.problems)
+    both = [d for d in data if fit_rules.both_scalar(d.problem)]
+    assert [d.problem.label() for d in both] == ["M=3000 N=5000 K=1000 fp16", "M=1500 N=1500 K=1500 fp16"]
+    ratio = fit_rules.error_variance_ratio(data, DEFAULT_CONSTANTS)
+    assert ratio == pytest.approx(DEFAULT_CONSTANTS.scalar_error_var, rel=0.01)  # what the shipped fit measured
+    assert ratio > 4
+    assert fit_rules.error_variance_ratio([d for d in data if d not in both], DEFAULT_CONSTANTS) == 1.0  # no evidence
