@@ -34,17 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from kernels import Arms, _sig
+    from kernels import Arms
 
     from tilepilot.experiments import Config
     from tilepilot.kernels import get_family, matmul
     from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.timing import GpuTimer, TimingPlan
+    from tilepilot.kernels.timing import GpuTimer
 
     fam = get_family("matmul")
     ev = Evaluator("gpu")
     target, timer = ev.target(), GpuTimer()
-    plan = TimingPlan(rounds=5, block_ms=2.0, flush_l2=True, spread_target=0.01, time_cap_ms=100.0)
     one = matmul._programs
     rows = []
     for m, n, k, dtype in SHAPES:
@@ -62,14 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                     arms.config(f"p{per_sm}-{bm}x{bn}x{bk}-w{w}s{s}", c)
                 finally:
                     matmul._programs = one  # type: ignore[assignment]
-        names = list(arms.launches)
-        timings = timer.time([[arms.launches[a]] for a in names], plan, lambda i: None)
-        row: dict[str, Any] = {"problem": problem.label(), "arms": {}}
-        for a, t in zip(names, timings, strict=True):
-            row["arms"][a] = {"median_ms": _sig(t.median_ms), "p20_ms": _sig(t.p20_ms), "p80_ms": _sig(t.p80_ms),
-                              **arms.notes.get(a, {})}
-        for a, note in arms.notes.items():
-            row["arms"].setdefault(a, note)
+        row: dict[str, Any] = {"problem": problem.label(), "arms": arms.medians(arms.time(timer, fam.l2_flush))}
         rows.append(row)
         pairs = [f"{a[3:]} {row['arms'][a].get('median_ms')}/{row['arms'].get('p2-' + a[3:], {}).get('median_ms')}"
                  for a in row["arms"] if a.startswith("p1-")]

@@ -52,13 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     from tilepilot.experiments import Config
     from tilepilot.kernels import get_family
     from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.timing import GpuTimer, TimingPlan
+    from tilepilot.kernels.timing import GpuTimer
 
     fam = get_family("matmul")
     ev = Evaluator("gpu")
     target, timer = ev.target(), GpuTimer()
     tuned = tuned_configs("matmul")
-    plan = TimingPlan(rounds=5, block_ms=2.0, flush_l2=True, spread_target=0.01, time_cap_ms=100.0)
     rows = []
     for m in (1, 16, 64):
         problem = fam.parse_problem({"M": m, "N": 4096, "K": 4096, "dtype": "bf16"})
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             if fam.space().check(c, problem) is None:
                 arms.config(f"fused-{bn}x{bk}-w{w}s{s}-k{split}", c)
         b = arms.inputs[1]
-        launches: dict[str, Any] = dict(arms.launches)
+        launches: dict[str, Any] = {}
         for programs in (132, 264, 528, 1056):
             for warps in (4, 8):
                 sink = torch.empty(programs, device="cuda", dtype=torch.float32)
@@ -87,16 +86,11 @@ def main(argv: list[str] | None = None) -> int:
                     read_kernel[(programs,)](b, sink, b.numel(), per, BLOCK=4096, num_warps=warps)
                 run()
                 launches[f"read-p{programs}-w{warps}"] = run
-        names = list(launches)
-        timings = timer.time([[launches[n]] for n in names], plan, lambda i: None)
+        timings = arms.time(timer, fam.l2_flush, extra=launches)
         b_bytes = b.numel() * b.element_size()
-        row = {"problem": problem.label(), "b_bytes": b_bytes, "arms": {}}
-        for n, t in zip(names, timings, strict=True):
-            row["arms"][n] = {"median_ms": _sig(t.median_ms), "p20_ms": _sig(t.p20_ms), "p80_ms": _sig(t.p80_ms),
-                              "method": t.method, "b_read_gbps": _sig(b_bytes / t.median_ms / 1e6),
-                              **arms.notes.get(n, {})}
-        for n, note in arms.notes.items():
-            row["arms"].setdefault(n, note)
+        row = {"problem": problem.label(), "b_bytes": b_bytes, "arms": arms.medians(timings)}
+        for n, t in timings.items():
+            row["arms"][n]["b_read_gbps"] = _sig(b_bytes / t.median_ms / 1e6)
         rows.append(row)
         print(problem.label(), {n: a.get("median_ms") for n, a in row["arms"].items()}, flush=True)
     Path(args.out).write_text(json.dumps({

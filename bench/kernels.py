@@ -131,22 +131,26 @@ def pick_finalist(family: Any, problem: Problem, finalists: list[Config], timer:
                   target: Any) -> tuple[Config | None, list[dict[str, Any]]]:
     """The fastest of the finalists, timed together as bench_problem times its arms, and each
     one's time (or why it did not run)."""
-    from tilepilot.kernels.timing import TimingPlan
-
     if len(finalists) < 2:
         return (finalists[0] if finalists else None), []
     arms = Arms(family, problem, target)
     for i, c in enumerate(finalists):
         arms.config(f"finalist-{i}", c)
-    names = list(arms.launches)
-    plan = TimingPlan(rounds=5, block_ms=2.0, flush_l2=family.l2_flush, spread_target=0.01, time_cap_ms=100.0)
-    timings = dict(zip(names, timer.time([[arms.launches[n]] for n in names], plan, lambda i: None), strict=True))
+    timings = arms.time(timer, family.l2_flush)
     notes = [{**arms.notes[f"finalist-{i}"], "median_ms": _sig(timings[f"finalist-{i}"].median_ms)
               if f"finalist-{i}" in timings else None} for i in range(len(finalists))]
     if not timings:
         return finalists[0], notes
     best = min(timings, key=lambda n: timings[n].median_ms)
     return finalists[int(best.removeprefix("finalist-"))], notes
+
+
+def arm_plan(flush_l2: bool) -> Any:
+    """How every arm here is timed: at least 5 interleaved rounds of 2 ms of GPU time, then rounds
+    until a 1% spread or 100 ms of GPU time per arm."""
+    from tilepilot.kernels.timing import TimingPlan
+
+    return TimingPlan(rounds=5, block_ms=2.0, flush_l2=flush_l2, spread_target=0.01, time_cap_ms=100.0)
 
 
 class Arms:
@@ -190,6 +194,23 @@ class Arms:
 
         self.add(name, make, config=config.as_dict())
 
+    def time(self, timer: Any, flush_l2: bool, extra: dict[str, Callable[[], None]] | None = None) -> dict[str, Any]:
+        """Arm name -> Timing: every arm that passed its check, and the `extra` launches (checked
+        by the caller), timed together, interleaved, by `timer` with `arm_plan(flush_l2)`."""
+        launches = {**self.launches, **(extra or {})}
+        names = list(launches)
+        timed = timer.time([[launches[n]] for n in names], arm_plan(flush_l2), lambda i: None)
+        return dict(zip(names, timed, strict=True))
+
+    def medians(self, timings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """Arm name -> its median, p20, p80 and timing method beside its notes; an arm that was
+        not timed (it failed its check) keeps its notes alone."""
+        out = {n: {"median_ms": _sig(t.median_ms), "p20_ms": _sig(t.p20_ms), "p80_ms": _sig(t.p80_ms),
+                   "method": t.method, **self.notes.get(n, {})} for n, t in timings.items()}
+        for n, note in self.notes.items():
+            out.setdefault(n, note)
+        return out
+
 
 def _sig(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(f"{x:.5g}")
@@ -198,8 +219,6 @@ def _sig(x: float | None) -> float | None:
 def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: Any, target: Any,
                   ceilings: Any, grouped: Config | None = None) -> dict[str, Any]:
     import torch
-
-    from tilepilot.kernels.timing import TimingPlan
 
     arms = Arms(family, problem, target)
     if tuned is not None:
@@ -221,13 +240,11 @@ def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: An
     if family.name in COMPILED_BASELINE:
         arms.add("torch.compile", lambda out: torch.compile(family.baseline(problem, arms.inputs, out)),
                  name=f"torch.compile of the {family.baseline_name} baseline")
-    names = list(arms.launches)
-    plan = TimingPlan(rounds=5, block_ms=2.0, flush_l2=family.l2_flush, spread_target=0.01, time_cap_ms=100.0)
-    timings = timer.time([[arms.launches[n]] for n in names], plan, lambda i: None)
+    timings = arms.time(timer, family.l2_flush)
     work = family.work(problem)
     row: dict[str, Any] = {"kernel": family.name, "problem": problem.as_dict(), "label": problem.label(),
                            "flops": work.flops, "bytes": work.bytes, "arms": {}}
-    for name, t in zip(names, timings, strict=True):
+    for name, t in timings.items():
         ms = t.median_ms
         row["arms"][name] = {
             **arms.notes[name], "median_ms": _sig(ms), "p20_ms": _sig(t.p20_ms), "p80_ms": _sig(t.p80_ms),

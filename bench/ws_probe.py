@@ -49,18 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from kernels import Arms, _sig, tuned_configs
+    from kernels import Arms, tuned_configs
 
     from tilepilot.experiments import Config
     from tilepilot.kernels import get_family
     from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.timing import GpuTimer, TimingPlan
+    from tilepilot.kernels.timing import GpuTimer
 
     fam = get_family("matmul")
     ev = Evaluator("gpu")
     target, timer = ev.target(), GpuTimer()
     tuned = tuned_configs("matmul")
-    plan = TimingPlan(rounds=5, block_ms=2.0, flush_l2=True, spread_target=0.01, time_cap_ms=100.0)
     rows = []
     for m, n, k, dtype in SHAPES:
         problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
@@ -79,15 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                     arms.config(name, c)
                 else:
                     arms.notes[name] = {"config": c.as_dict(), "error": f"invalid: {reason}"}
-        names = list(arms.launches)
         kernels = cublas_kernels(arms.launches["cublas"]) if "cublas" in arms.launches else []
-        timings = timer.time([[arms.launches[a]] for a in names], plan, lambda i: None)
-        row: dict[str, Any] = {"problem": problem.label(), "cublas_kernels": kernels, "arms": {}}
-        for a, t in zip(names, timings, strict=True):
-            row["arms"][a] = {"median_ms": _sig(t.median_ms), "p20_ms": _sig(t.p20_ms), "p80_ms": _sig(t.p80_ms),
-                              "method": t.method, **arms.notes.get(a, {})}
-        for a, note in arms.notes.items():
-            row["arms"].setdefault(a, note)
+        row: dict[str, Any] = {"problem": problem.label(), "cublas_kernels": kernels,
+                               "arms": arms.medians(arms.time(timer, fam.l2_flush))}
         rows.append(row)
         cub = row["arms"].get("cublas", {}).get("median_ms")
         pairs = []
