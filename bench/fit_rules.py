@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants, estimate
+from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants, element_wise_operands, estimate
 from tilepilot.experiments import Config, Problem
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
@@ -120,8 +120,8 @@ def fit(data: Sequence[ProblemData], start: Constants = NEUTRAL, evals: int = 60
 
 
 def both_scalar(problem: Problem) -> bool:
-    """Both operands load element by element: K and N are not multiples of 16 (see tile_model)."""
-    return bool(int(problem["K"]) % 16 and int(problem["N"]) % 16)
+    """Both operands load element by element (tile_model.element_wise_operands)."""
+    return len(element_wise_operands(problem)) == 2
 
 
 def error_variance_ratio(data: Sequence[ProblemData], k: Constants) -> float:

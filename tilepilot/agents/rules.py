@@ -46,6 +46,7 @@ from tilepilot.agents.tile_model import (
     Estimate,
     Tile,
     configured_constants,
+    element_wise_operands,
     estimate_tile,
     tile_from,
     tile_of,
@@ -250,12 +251,15 @@ class RulesProposer(Proposer):
         """The `alive` rows that differ from every seen config in more than the inert parameters
         (`_inert`: one measured, the others are known); all of `alive` when none does, so the
         search still ends exhaustive."""
-        inert = np.isinf(np.asarray(self._scales))
-        if not inert.any():
+        live = ~np.isinf(np.asarray(self._scales))
+        if live.all():
             return alive
-        live = ~inert
-        known = {tuple(int(v) for v in np.asarray(steps)[live]) for c in seen if (steps := self._steps(c)) is not None}
-        keep = np.array([tuple(int(v) for v in pool.steps[row][live]) not in known for row in alive], dtype=bool)
+        sizes = [len(p.choices) for p, on in zip(self.ctx.space.params, live, strict=True) if on]
+        seen_steps = [steps for c in seen if (steps := self._steps(c)) is not None]
+        if not seen_steps:
+            return alive
+        known = np.ravel_multi_index(np.asarray(seen_steps, dtype=np.int64)[:, live].T, sizes)
+        keep = ~np.isin(np.ravel_multi_index(pool.steps[alive][:, live].T, sizes), known)
         return alive[keep] if keep.any() else alive
 
     def _training(self) -> tuple[list[tuple[float, ...]], list[float]]:
@@ -425,8 +429,7 @@ def _inert(problem: Problem, space: SearchSpace) -> frozenset[str]:
     copy pipeline, so its depth (num_stages) does nothing. The GP then reads configs that differ only
     in them as one point: one measured, the others are known. Not where the space holds a way to
     vectorise the loads (matmul's ALIGN_HINT or its tensor-descriptor variants)."""
-    dims = gemm_dims(problem)
-    if dims is None or dims[1] % 16 == 0 or dims[2] % 16 == 0:
+    if len(element_wise_operands(problem)) < 2:
         return frozenset()
     names = space.names
     if "ALIGN_HINT" in names and True in space.param("ALIGN_HINT").choices:

@@ -168,6 +168,19 @@ def tile_from(values: Mapping[str, object]) -> Tile | None:
     return Tile(**found)
 
 
+def element_wise_operands(problem: Problem) -> tuple[str, ...]:
+    """The operands ("A", "B") the plain kernel loads element by element. Triton specialises
+    integer arguments on divisibility by 16: a row stride (K for A, N for B) that is not a multiple
+    of 16 leaves the loads of that operand unvectorised and out of the asynchronous copy pipeline:
+    they go through registers at a low rate of their own, and their tile sits in shared memory
+    once, not once per stage. () for a problem that is not a GEMM."""
+    dims = gemm_dims(problem)
+    if dims is None:
+        return ()
+    _, n, k, _ = dims
+    return tuple(name for name, dim in (("A", k), ("B", n)) if dim % 16)
+
+
 def has_model(problem: Problem, config: Config) -> bool:
     return gemm_dims(problem) is not None and tile_of(config) is not None
 
@@ -188,11 +201,7 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     if dims is None:
         raise ValueError(f"no tile model for {problem.label()}")
     m, n, kk, size = dims
-    # Triton specialises integer arguments on divisibility by 16: a row stride (K for A, N for
-    # B) that is not a multiple of 16 leaves the loads of that operand unvectorised and out of
-    # the asynchronous copy pipeline: they go through registers at a low rate of their own, and
-    # their tile sits in shared memory once, not once per stage.
-    scalar = [name for name, dim in (("A", kk), ("B", n)) if dim % 16]
+    scalar = element_wise_operands(problem)
     vector_rows = (0 if "A" in scalar else t.bm) + (0 if "B" in scalar else t.bn)
     shared = (t.stages * vector_rows + (t.bm + t.bn - vector_rows)) * t.bk * size
     threads = 32 * t.warps
