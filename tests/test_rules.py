@@ -15,6 +15,7 @@ from tests.proposer_toys import ENV, drive
 from tilepilot.agents.base import ProposerContext, SearchState
 from tilepilot.agents.roofline import H100_SXM, problem_roofline
 from tilepilot.agents.rules import RulesProposer
+from tilepilot.agents.rules_text import describe
 from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, estimate
 from tilepilot.experiments import Config, Param, Problem, Result, SearchSpace, Status, Timing
 from tilepilot.kernels.matmul import pipelined_shared_bytes
@@ -280,6 +281,28 @@ def test_an_operand_loaded_element_by_element_is_out_of_the_copy_pipeline() -> N
     assert estimate(SQUARE, cfg(256, 64, 64, 4, 3)).shared_bytes == 3 * (256 + 64) * 64 * 2
     assert len({estimate(UNALIGNED, cfg(128, 64, 32, 4, s)).predicted_ms for s in (3, 4, 5)}) == 1
     assert len({estimate(HALF, cfg(128, 64, 32, 4, s)).predicted_ms for s in (3, 4, 5)}) > 1
+
+
+def test_element_wise_loads_hold_an_address_per_element_and_spill_those_as_reloads() -> None:
+    # 128x256x32 with 8 warps on 3000x5000x1000 fp16: 128 accumulator registers, 48 elements per
+    # thread each with its own address (recorded: 255 registers and 176 spilled); only the
+    # addresses spill, so it costs reloads at the element-wise rate, not the spill multiplier
+    unaligned = Problem.of({"M": 3000, "N": 5000, "K": 1000, "dtype": "fp16"})
+    aligned = Problem.of({"M": 3072, "N": 5120, "K": 1024, "dtype": "fp16"})
+    config = cfg(128, 256, 32, 8, 3)
+    big = estimate(unaligned, config)
+    assert big.regs > 255 and big.spilled_regs == 0
+    assert big.regs - estimate(aligned, config).regs > 48
+    assert estimate(unaligned, cfg(128, 64, 32, 4, 3)).regs < 255
+    # with one register per address nothing spills: the difference is the reloads alone, which
+    # scale the element-wise feed by (elements + reloads) / elements, below the spill multiplier
+    k = dataclasses.replace(DEFAULT_CONSTANTS, regs_per_vector=1.0)
+    unspilled = estimate(unaligned, config, k=k)
+    assert unspilled.regs < 255
+    reloads = big.regs - 255
+    assert big.feed_us > 1.1 * unspilled.feed_us
+    assert big.predicted_ms / unspilled.predicted_ms < 1 + DEFAULT_CONSTANTS.spill_cost * reloads / 255
+    assert "load addresses spill and are reloaded" in describe(big, None, H100_SXM)
 
 
 def test_num_stages_is_inert_only_where_both_operands_load_element_by_element_and_nothing_vectorises() -> None:

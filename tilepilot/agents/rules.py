@@ -108,7 +108,8 @@ class RulesProposer(Proposer):
         alive = self._unseen(pool, state.seen)  # rows of the pool not yet measured, in prior order
         if n <= 0 or not len(alive):
             return []
-        alive = self._unknown(pool, alive, state.seen)
+        picked = set(state.seen)
+        alive = self._unknown(pool, alive, picked)
         gp = ResidualGp(self._gp_settings())
         xs, ys = self._training()
         gp.fit(xs, ys)
@@ -123,6 +124,8 @@ class RulesProposer(Proposer):
             row = int(alive[i])
             alive = np.delete(alive, i)
             config = pool.configs[row]
+            picked.add(config)
+            alive = self._unknown(pool, alive, picked)  # nor an inert sibling of it in this batch
             predicted = math.exp(self._log_model(config) + mean)
             known = self.estimate(config) is not None or measured > 0
             why = self._why(config, predicted, std, best, measured)

@@ -25,6 +25,9 @@ def describe(est: Estimate, roofline: Roofline | None, device: Device) -> str:
     if est.spilled_regs > 0:
         parts.append(f"~{est.regs:.0f} regs/thread ({est.acc_regs:.0f} accumulator) spill "
                      f"~{est.spilled_regs:.0f} over {device.max_regs_per_thread}")
+    elif est.regs > device.max_regs_per_thread:
+        parts.append(f"~{est.regs:.0f} regs/thread ({est.acc_regs:.0f} accumulator): "
+                     f"~{est.regs - device.max_regs_per_thread:.0f} load addresses spill and are reloaded")
     else:
         parts.append(f"{est.acc_regs:.0f} accumulator regs/thread, no spill")
     if est.scalar_operands:
