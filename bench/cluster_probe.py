@@ -1,0 +1,98 @@
+"""Does Triton's `num_ctas` (thread-block clusters) give the tma variant the multicast loads cuBLAS uses?
+
+    python bench/cluster_probe.py --out bench/results/cluster-probe-h100.json
+
+cuBLAS runs 1x2 and 2x1 clusters on every matmul shape where the tuned config trails it
+(bench/results/ws-probe-h100.json): two CTAs share one operand's tile through TMA multicast,
+halving its traffic from L2. Triton's `tl` has no cluster API; its CUDA backend takes a
+`num_ctas` option. For VARIANT=tma (the recorded best tile of each shape) this compiles the
+kernel with num_ctas 1 and 2 and reports whether the PTX holds cluster or multicast
+instructions, then times both, with cuBLAS, by the timer and plan of bench/kernels.py (each
+launch checked against the family's reference first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+SHAPES = [((4096, 4096, 4096, "bf16"), (128, 256, 64, 8, 3)), ((1000, 3000, 2000, "bf16"), (256, 128, 64, 8, 4)),
+          ((3000, 5000, 1000, "fp16"), (128, 256, 64, 8, 3))]
+
+
+def compile_ctas(family: Any, problem: Any, config: Any, target: Any, num_ctas: int) -> Any:
+    """The family's compile of `config`, with the CUDA backend's num_ctas option set."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tilepilot.kernels import matmul
+    from tilepilot.kernels.compile import Pointer, _divisibility_attrs, _specialise
+
+    fn, ints, constexprs = matmul._kernel(problem, config)
+    args = {name: Pointer(str(problem["dtype"])) for name in fn.arg_names if name.endswith("_ptr")}
+    gpu_target = GPUTarget(target.backend, target.arch, target.warp_size)
+    signature, consts, attrs = _specialise(fn.arg_names, {**args, **ints}, constexprs,
+                                           *_divisibility_attrs(gpu_target))
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=gpu_target, options={"num_warps": int(config["num_warps"]),
+                                                           "num_stages": int(config["num_stages"]),
+                                                           "num_ctas": num_ctas})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+
+    from kernels import Arms
+
+    from tilepilot.experiments import Config
+    from tilepilot.kernels import get_family
+    from tilepilot.kernels.evaluate import Evaluator
+    from tilepilot.kernels.timing import GpuTimer
+
+    fam = get_family("matmul")
+    ev = Evaluator("gpu")
+    target, timer = ev.target(), GpuTimer()
+    rows = []
+    for (m, n, k, dtype), (bm, bn, bk, w, s) in SHAPES:
+        problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
+        config = Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
+                            "num_warps": w, "num_stages": s, "VARIANT": "tma", "SPLIT_K": 1, "ALIGN_HINT": False,
+                            "EPILOGUE_SUBTILE": True, "WARP_SPECIALIZE": False})
+        arms = Arms(fam, problem, target)
+        arms.add("cublas", lambda out, p=problem, a=arms: fam.baseline(p, a.inputs, out))
+        ptx: dict[str, Any] = {}
+        for ctas in (1, 2):
+            try:
+                compiled = compile_ctas(fam, problem, config, target, ctas)
+            except Exception as e:  # a num_ctas the backend refuses is the answer
+                ptx[f"ctas{ctas}"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+                continue
+            text = compiled.asm.get("ptx", "")
+            ptx[f"ctas{ctas}"] = {"multicast": text.count("multicast"), "cluster": text.count("cluster"),
+                                  "shared_bytes": int(compiled.metadata.shared)}
+            arms.add(f"tma-ctas{ctas}", lambda out, c=compiled, a=arms, p=problem, cf=config:
+                     fam.launcher(p, cf, a.inputs, out, c))
+        row = {"problem": problem.label(), "config": config.as_dict(), "ptx": ptx,
+               "arms": arms.medians(arms.time(timer, fam.l2_flush))}
+        rows.append(row)
+        print(problem.label(), ptx, {a: v.get("median_ms") or v.get("error") for a, v in row["arms"].items()},
+              flush=True)
+    Path(args.out).write_text(json.dumps({
+        "what": __doc__.split("\n\n")[0], "command": "python bench/cluster_probe.py " + " ".join(argv or sys.argv[1:]),
+        "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
