@@ -12,8 +12,10 @@ goes to every member's `observe`, whoever proposed it, so Optuna learns from the
 configs and the rules' model from Optuna's.
 
 Credit: a member's candidate whose result beats the best time so far by more than
-`IMPROVEMENT` (relative) is an improvement for that member; the first timing of a problem
-improves on nothing. Slots are given one at a time to the member with the highest upper
+`IMPROVEMENT` (relative) is an improvement for that member, and so is the problem's first
+timing (the first config that runs at all: without it the member that goes first, by its head
+start, would start its first round with nothing to show for it, and lose its lead before the
+data had said anything). Slots are given one at a time to the member with the highest upper
 confidence bound, `(improvements + prior) / (measured + 2) + explore * sqrt(ln(1 + given) /
 (1 + member_given))`, where `prior` is a member's head start (the model-based `rules` leads
 until the data says otherwise). A floor keeps every member alive: a member that has received
@@ -187,7 +189,7 @@ class PortfolioProposer(Proposer):
             owner.measured += 1
         if r.status is not Status.OK or r.median_ms is None:
             return
-        if self._best_ms is not None and r.median_ms < self._best_ms * (1.0 - IMPROVEMENT) and owner:
+        if (self._best_ms is None or r.median_ms < self._best_ms * (1.0 - IMPROVEMENT)) and owner:
             owner.improvements += 1
         self._best_ms = r.median_ms if self._best_ms is None else min(self._best_ms, r.median_ms)
 
