@@ -87,3 +87,31 @@ def test_compile_config_refuses_interpreter_mode() -> None:
                           timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "refused:" in proc.stdout and "TRITON_INTERPRET" in proc.stdout
+
+
+def test_a_host_descriptor_argument_has_the_type_the_jit_gives_it() -> None:
+    import torch
+    from triton.runtime.jit import mangle_type
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from tilepilot.kernels.compile import Descriptor
+
+    base = torch.empty((3000, 1000), dtype=torch.float16, device="meta")
+    assert Descriptor("fp16", (128, 64)).signature() == mangle_type(TensorDescriptor.from_tensor(base, [128, 64]))
+
+
+def test_tma_kernels_take_a_host_descriptor_per_operand_and_block() -> None:
+    from tilepilot.experiments import Config
+    from tilepilot.kernels.matmul import descriptor_blocks
+
+    def cfg(bn: int, subtile: bool = False, variant: str = "tma") -> Config:
+        return Config.of({"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
+                          "num_warps": 8, "num_stages": 3, "VARIANT": variant, "EPILOGUE_SUBTILE": subtile})
+
+    assert descriptor_blocks(cfg(256)) == {"a_desc": ("a", (128, 64)), "b_desc": ("b", (64, 256)),
+                                           "c_desc": ("c", (128, 256))}
+    assert descriptor_blocks(cfg(256, subtile=True))["c_desc"] == ("c", (128, 128))  # C stored in halves
+    assert descriptor_blocks(cfg(192)) == {"a_desc": ("a", (128, 64)), "b0_desc": ("b", (64, 128)),
+                                           "b1_desc": ("b", (64, 64)), "c0_desc": ("c", (128, 128)),
+                                           "c1_desc": ("c", (128, 64))}
+    assert descriptor_blocks(cfg(256, variant="grouped")) == {}

@@ -145,19 +145,20 @@ def test_aot_variant_kernel_is_the_kernel_the_jit_builds(family: Any, config: Co
     import triton
 
     from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.matmul import _kernel
+    from tilepilot.kernels.matmul import _descriptors, _kernel, descriptor_blocks
 
     problem = prob(3000, 5000, 1000, "fp16")
     aot = family.compile(problem, config, Evaluator("gpu").target())
     aot = getattr(aot, "main", aot)
     fn, ints, constexprs = _kernel(problem, config)
     a, b = family.make_inputs(problem, 0, "cuda")
-    buffers = {"a_ptr": a, "b_ptr": b, "c_ptr": torch.empty((3000, 5000), dtype=torch.float16, device="cuda"),
-               "ws_ptr": torch.empty(2**25, dtype=torch.float32, device="cuda"),
+    c = torch.empty((3000, 5000), dtype=torch.float16, device="cuda")
+    buffers = {"a_ptr": a, "b_ptr": b, "c_ptr": c, "ws_ptr": torch.empty(2**25, dtype=torch.float32, device="cuda"),
                "lock_ptr": torch.zeros(2**12, dtype=torch.int32, device="cuda")}
-    pointers = {n: buffers[n] for n in fn.arg_names if n.endswith("_ptr")}
+    args = {n: buffers[n] for n in fn.arg_names if n.endswith("_ptr")}
+    args.update(_descriptors(descriptor_blocks(config), {"a": a, "b": b, "c": c}))  # the tma variants' host descriptors
     triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    jit = fn[(1, 1, 1)](**pointers, **ints, **constexprs, num_warps=int(config["num_warps"]),
+    jit = fn[(1, 1, 1)](**args, **ints, **constexprs, num_warps=int(config["num_warps"]),
                         num_stages=int(config["num_stages"]))
     assert aot.asm["ptx"] == jit.asm["ptx"]
 

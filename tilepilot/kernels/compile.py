@@ -52,7 +52,20 @@ class Pointer:
     dtype: str
 
 
-ArgValue = Pointer | int
+@dataclass(frozen=True)
+class Descriptor:
+    """A tensor descriptor argument made on the host (`TensorDescriptor`): its Triton element type
+    and the block shape its loads and stores move."""
+
+    dtype: str
+    block_shape: tuple[int, ...]
+
+    def signature(self) -> str:
+        """The type Triton's JIT gives such an argument, e.g. "tensordesc<bf16[128, 64]>"."""
+        return f"tensordesc<{self.dtype}[{', '.join(str(d) for d in self.block_shape)}]>"
+
+
+ArgValue = Pointer | Descriptor | int
 
 
 def int_class(value: int) -> str:
@@ -64,7 +77,7 @@ def int_class(value: int) -> str:
 
 def aot_compile(fn: Any, args: Mapping[str, ArgValue], constexprs: Mapping[str, Any], target: Target,
                 *, num_warps: int, num_stages: int) -> Any:
-    """Compile `fn` for `target`; `args` maps each runtime argument to a Pointer or an int value."""
+    """Compile `fn` for `target`; `args` maps each runtime argument to a Pointer, a Descriptor or an int value."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -215,7 +228,9 @@ def _specialise(arg_names: Sequence[str], args: Mapping[str, ArgValue], constexp
             consts[name] = constexprs[name]
             continue
         value = args[name]
-        if isinstance(value, Pointer):
+        if isinstance(value, Descriptor):
+            signature[name] = value.signature()  # no divisibility attribute, as the JIT gives none
+        elif isinstance(value, Pointer):
             signature[name] = "*" + value.dtype
             attrs[(i,)] = divisible
         elif int_class(value) == "1":

@@ -12,8 +12,9 @@ stages) plus the kernel variant and its own parameters:
   - "persistent": one program per SM looping over the output tiles (a tile scheduler), loads
     of the next tile overlapping the epilogue of the current one (matmul_persistent_triton.py);
   - "tma": the persistent kernel loading and storing whole tiles through tensor descriptors
-    (Hopper's bulk tensor copy engine); needs sm_90 and a Triton with `tl.make_tensor_descriptor`,
-    else the config is a `compile_error` that says so;
+    (Hopper's bulk tensor copy engine), made on the host; needs sm_90 and a Triton with host
+    tensor descriptors (`triton.tools.tensor_descriptor`), else the config is a `compile_error`
+    that says so;
   - "splitk_fused": split-K in one launch: the program that finishes a tile's last K range sums
     the fp32 partials in a fixed order (deterministic) and writes C (matmul_splitk_fused_triton.py);
     for the decode shapes, where a second launch costs a large share of the time;
@@ -248,6 +249,22 @@ def wide_split(bn: int) -> int:
     return bn - (1 << (bn.bit_length() - 1))
 
 
+def descriptor_blocks(config: Config) -> dict[str, tuple[str, tuple[int, int]]]:
+    """The tensor descriptor arguments of a tma-family kernel: name -> (operand "a", "b" or "c",
+    block shape). C's block is half a tile wide with EPILOGUE_SUBTILE; a tile BLOCK_SIZE_N wide that
+    is not a power of two has B and C descriptors for each of its two column blocks. {} for the
+    variants that load through pointers."""
+    if setting(config, "VARIANT") not in TMA_VARIANTS:
+        return {}
+    bm, bn, bk = (int(config[name]) for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
+    n1 = wide_split(bn)
+    if n1:
+        return {"a_desc": ("a", (bm, bk)), "b0_desc": ("b", (bk, bn - n1)), "b1_desc": ("b", (bk, n1)),
+                "c0_desc": ("c", (bm, bn - n1)), "c1_desc": ("c", (bm, n1))}
+    c_cols = bn // 2 if setting(config, "EPILOGUE_SUBTILE") else bn
+    return {"a_desc": ("a", (bm, bk)), "b_desc": ("b", (bk, bn)), "c_desc": ("c", (bm, c_cols))}
+
+
 CONSTRAINTS = (wide_tile, variant_settings, align_hint_applies, shared_memory_fits, splitk_fits, tma_fits,
                accumulator_fits_registers)
 
@@ -296,7 +313,7 @@ class MatmulFamily(KernelFamily):
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
         from tilepilot.kernels import matmul_splitk_triton
-        from tilepilot.kernels.compile import Pointer, aot_compile
+        from tilepilot.kernels.compile import Descriptor, Pointer, aot_compile
 
         variant = setting(config, "VARIANT")
         if variant in TMA_VARIANTS:
@@ -306,6 +323,7 @@ class MatmulFamily(KernelFamily):
         kinds = {"ws_ptr": "fp32", "lock_ptr": "i32"}
         args: dict[str, Any] = {name: Pointer(kinds.get(name, dtype)) for name in fn.arg_names
                                 if name.endswith("_ptr")}
+        args.update({name: Descriptor(dtype, block) for name, (_, block) in descriptor_blocks(config).items()})
         main = aot_compile(fn, {**args, **ints}, constexprs, target,
                            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
         if variant != "splitk":
@@ -358,7 +376,9 @@ class MatmulFamily(KernelFamily):
         m, n, _ = dims(problem)
         bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
         tiles = -(-m // bm) * -(-n // bn)
-        pointers = {"a_ptr": a, "b_ptr": b, "c_ptr": out}
+        blocks = descriptor_blocks(config)
+        pointers: dict[str, Any] = ({"a_ptr": a, "b_ptr": b, "c_ptr": out} if not blocks
+                                    else _descriptors(blocks, {"a": a, "b": b, "c": out}))
         grid = (tiles, 1, 1) if variant == "grouped" else (min(tiles, _programs(a)), 1, 1)
         if variant == "splitk_fused":
             split = int(setting(config, "SPLIT_K"))
@@ -372,7 +392,7 @@ class MatmulFamily(KernelFamily):
             grid = (_programs(a), 1, 1)
             pointers.update(ws_ptr=_workspace(grid[0] * 2 * bm * bn, a.device), lock_ptr=_locks(grid[0], a.device))
         run = launch(fn, grid, {**pointers, **ints}, constexprs, config, compiled)
-        return _with_scratch(run, compiled, grid[0], out) if variant in TMA_VARIANTS else run
+        return run
 
     def baseline(self, problem: Problem, inputs: tuple[Any, ...], out: Any) -> Callable[[], None] | None:
         import torch
@@ -498,6 +518,16 @@ def _workspace(numel: int, device: Any) -> Any:
 _LOCKS: dict[str, Any] = {}  # device -> the largest set of split-K tile counters made there so far
 
 
+def _descriptors(blocks: dict[str, tuple[str, tuple[int, int]]], tensors: dict[str, Any]) -> dict[str, Any]:
+    """The host-made tensor descriptors of `descriptor_blocks` over the operands, by argument name:
+    made once per launcher, outside the timed closure (each launch turns them into CUDA tensor maps
+    on the CPU)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return {name: TensorDescriptor.from_tensor(tensors[operand], list(block))
+            for name, (operand, block) in blocks.items()}
+
+
 def _locks(count: int, device: Any) -> Any:
     """`count` int32 tile counters of this process on `device`, zero between launches (the program
     that reduces a tile resets its counter), grown when too few; shared as the workspace is."""
@@ -544,17 +574,20 @@ def _with_scratch(run: Callable[[], None], compiled: Any | None, programs: int, 
 
 
 def _require_tma(target: Target) -> None:
-    """VARIANT=tma compiles only for a Hopper (or later) target with a Triton that has tensor descriptors."""
+    """VARIANT=tma compiles only for a Hopper (or later) target with a Triton that has host tensor
+    descriptors."""
+    import importlib.util
+
     import triton
-    import triton.language as tl
     from triton.compiler.errors import CompilationError
 
     if target.backend != "cuda" or target.arch < 90:
         raise CompilationError("", None, f"VARIANT=tma needs TMA (cuda sm_90 or later); the target is "
                                          f"{target.backend} sm_{target.arch}")
-    if not hasattr(tl, "make_tensor_descriptor"):
-        raise CompilationError("", None, f"VARIANT=tma needs tl.make_tensor_descriptor, which Triton "
-                                         f"{triton.__version__} does not have")
+    if importlib.util.find_spec("triton.tools.tensor_descriptor") is None:
+        raise CompilationError("", None, f"VARIANT=tma needs host tensor descriptors "
+                                         f"(triton.tools.tensor_descriptor), which Triton {triton.__version__} "
+                                         f"does not have")
 
 
 # ---- helpers shared with the faults family ---------------------------------------------------

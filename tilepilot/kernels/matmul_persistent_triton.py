@@ -8,18 +8,21 @@ K loop are flattened into one pipelined loop) and no launch pays for more than o
 
 - `matmul_persistent_kernel` loads through pointers, like the grouped kernel (wrapped edge rows
   and columns, masked K, ALIGN_K / ALIGN_N, see matmul_triton.py);
-- `matmul_tma_kernel` loads A and B and stores C through tensor descriptors
-  (`tl.make_tensor_descriptor`): on Hopper the bulk tensor copy engine (TMA) moves whole tiles
-  between global and shared memory and fills out-of-bounds rows and columns with zeros, so the
-  kernel needs no masks. The descriptors are made on the device, in a global scratch buffer the
-  host provides (`triton.set_allocator`). TMA needs 16-byte aligned row strides (K and N times
-  the element size): the family's constraints refuse other problems;
+- `matmul_tma_kernel` loads A and B and stores C through tensor descriptors: on Hopper the bulk
+  tensor copy engine (TMA) moves whole tiles between global and shared memory and fills
+  out-of-bounds rows and columns with zeros, so the kernel needs no masks. The host makes the
+  descriptors (`TensorDescriptor`, one per operand and block shape) and passes them as arguments;
+  made in every program instead (`tl.make_tensor_descriptor`), they cost each launch about 2.3 us
+  on an H100 (bench/results/hostdesc-probe-h100.json). TMA needs 16-byte aligned row strides (K and
+  N times the element size): the family's constraints refuse other problems;
 - `matmul_tma_tail_kernel` and `matmul_tma_streamk_kernel`: the tma kernel with the last, partial
   wave of tiles shared out among all the programs, split along K (see each kernel);
 - `matmul_tma_wide_kernel`: the tma kernel with a tile BLOCK_SIZE_N wide that is not a power of
   two (160 or 192, as cuBLAS's 192x128 or 160x256 tiles), which Triton's blocks cannot be: two
   column blocks side by side, of the largest power of two below it and the rest, each with its own
   descriptors and accumulator, the A tile loaded once for both products.
+
+The descriptor arguments (`*_desc`) and their block shapes: `descriptor_blocks` in matmul.py.
 
 Imported only inside a worker's child process.
 """
@@ -74,13 +77,11 @@ def matmul_persistent_kernel(
 
 @triton.jit
 def matmul_tma_kernel(
-    a_ptr, b_ptr, c_ptr,
+    a_desc, b_desc, c_desc,
     M, N, K,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False,
 ):
-    a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                                          EPILOGUE_SUBTILE)
     start = tl.program_id(axis=0)
     programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
@@ -116,21 +117,6 @@ def _whole_waves(a_desc, b_desc, c_desc, start, end, programs, num_pid_m, num_pi
 
 
 @triton.jit
-def _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-                 BLOCK_SIZE_K: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
-    """Tensor descriptors of A, B and C (C's block half a tile wide with EPILOGUE_SUBTILE)."""
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1], block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N])
-    if EPILOGUE_SUBTILE:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
-                                           block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N // 2])
-    else:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
-                                           block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N])
-    return a_desc, b_desc, c_desc
-
-
-@triton.jit
 def _store_tile(c_desc, accumulator, row, col, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
                 EPILOGUE_SUBTILE: tl.constexpr):
     """Store an fp32 tile through C's descriptor in C's dtype; with EPILOGUE_SUBTILE as two halves
@@ -147,29 +133,21 @@ def _store_tile(c_desc, accumulator, row, col, BLOCK_SIZE_M: tl.constexpr, BLOCK
 
 @triton.jit
 def matmul_tma_wide_kernel(
-    a_ptr, b_ptr, c_ptr,
+    a_desc, b0_desc, b1_desc, c0_desc, c1_desc,
     M, N, K,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, BLOCK_SIZE_N1: tl.constexpr,
 ):
     """The tma kernel's tile loop for a tile of BLOCK_SIZE_N = N0 + BLOCK_SIZE_N1 columns (N0 and
     BLOCK_SIZE_N1 powers of two): columns [col, col + N0) and [col + N0, col + BLOCK_SIZE_N) are
-    two products of the same A tile. TMA reads zeros past N and clips the stores there.
+    two products of the same A tile, through B's and C's descriptors of N0 and of BLOCK_SIZE_N1
+    columns. TMA reads zeros past N and clips the stores there.
 
     Unlike the tma kernel's, the tile loop is not flattened with the K loop: flattened, the two
     accumulators' resets make ptxas serialise the warpgroup MMAs ("C7515: wgmma.mma_async
     instructions are serialized due to non wgmma instructions defining accumulator registers"),
     which cost 1.7x on an H100 at 4096³; the K loop alone keeps them asynchronous."""
     BLOCK_SIZE_N0: tl.constexpr = BLOCK_SIZE_N - BLOCK_SIZE_N1
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_K])
-    b0_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1],
-                                        block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N0])
-    b1_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[N, 1],
-                                        block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N1])
-    c0_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
-                                        block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N0])
-    c1_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
-                                        block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N1])
     start = tl.program_id(axis=0)
     programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
@@ -192,13 +170,11 @@ def matmul_tma_wide_kernel(
 
 @triton.jit
 def matmul_tma_tail_kernel(
-    a_ptr, b_ptr, c_ptr, ws_ptr, lock_ptr,
+    a_desc, b_desc, c_desc, ws_ptr, lock_ptr,
     M, N, K,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
-    a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                                          EPILOGUE_SUBTILE)
     start = tl.program_id(axis=0)
     programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
@@ -242,7 +218,7 @@ def matmul_tma_tail_kernel(
 
 @triton.jit
 def matmul_tma_streamk_kernel(
-    a_ptr, b_ptr, c_ptr, ws_ptr, lock_ptr,
+    a_desc, b_desc, c_desc, ws_ptr, lock_ptr,
     M, N, K,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
@@ -255,8 +231,6 @@ def matmul_tma_streamk_kernel(
     with to slot 1 (a tile whose K-blocks one range holds whole is stored at once). The program that
     draws a tile's last ticket sums its pieces in program order (deterministic, as splitk_fused),
     stores the tile and resets the counter."""
-    a_desc, b_desc, c_desc = _descriptors(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                                          EPILOGUE_SUBTILE)
     start = tl.program_id(axis=0)
     programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
