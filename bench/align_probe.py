@@ -120,7 +120,7 @@ def strided_launch(arms: Any, config: Any, out: Any, pads: str, copy: bool = Fal
     in `pads` (of "A", "B", "C") padded: a closure that returns C (a view, where C is padded). With
     `copy`, the closure copies the padded operands A and B from the problem's own tensors first (the
     cost of padding them at each call, timed)."""
-    from tilepilot.kernels import matmul
+    from tilepilot.kernels import attention, matmul
     from tilepilot.kernels.compile import Pointer, aot_compile, launch
 
     m, n, k = matmul.dims(arms.problem)
@@ -138,7 +138,7 @@ def strided_launch(arms: Any, config: Any, out: Any, pads: str, copy: bool = Fal
                            num_stages=int(config["num_stages"]))
     tiles = -(-m // int(config["BLOCK_SIZE_M"])) * -(-n // int(config["BLOCK_SIZE_N"]))
     programs = min(tiles, matmul._programs(a))
-    run = matmul._with_scratch(launch(strided_tma_kernel, (programs, 1, 1), values, consts, config, compiled),
+    run = attention._with_scratch(launch(strided_tma_kernel, (programs, 1, 1), values, consts, config, compiled),
                                compiled, programs, c)
 
     copies = [(padded_t, t) for padded_t, t in zip((a, b), arms.inputs, strict=True) if padded_t is not t]
@@ -155,7 +155,7 @@ def strided_launch(arms: Any, config: Any, out: Any, pads: str, copy: bool = Fal
 
 def mixed_launch(arms: Any, config: Any, out: Any) -> Any:
     """A launch of mixed_kernel for `config` on the problem of `arms`."""
-    from tilepilot.kernels import matmul
+    from tilepilot.kernels import attention, matmul
     from tilepilot.kernels.compile import Pointer, aot_compile, launch
 
     m, n, k = matmul.dims(arms.problem)
@@ -171,7 +171,7 @@ def mixed_launch(arms: Any, config: Any, out: Any) -> Any:
                            num_stages=int(config["num_stages"]))
     tiles = -(-m // int(config["BLOCK_SIZE_M"])) * -(-n // int(config["BLOCK_SIZE_N"]))
     programs = min(tiles, matmul._programs(a))
-    return matmul._with_scratch(launch(mixed_kernel, (programs, 1, 1), values, consts, config, compiled),
+    return attention._with_scratch(launch(mixed_kernel, (programs, 1, 1), values, consts, config, compiled),
                                 compiled, programs, out)
 
 

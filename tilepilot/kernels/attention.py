@@ -295,8 +295,6 @@ class AttentionFamily(KernelFamily):
 
     def launcher(self, problem: Problem, config: Config, inputs: tuple[Any, ...], out: Any,
                  compiled: Any | None) -> Callable[[], None]:
-        from tilepilot.kernels.matmul import _with_scratch
-
         _check_operands(problem, inputs, out)
         q, k, v = inputs
         b, h, s, _ = dims(problem)
@@ -352,6 +350,30 @@ def torch_dtype(problem: Problem) -> Any:
     import torch
 
     return {"bf16": torch.bfloat16, "fp16": torch.float16}[str(problem["dtype"])]
+
+
+def _with_scratch(run: Callable[[], None], compiled: Any | None, programs: int, out: Any) -> Callable[[], None]:
+    """`run` with the global scratch memory the device-made tensor descriptors of the tma variant
+    live in: allocated here, once, and handed to Triton's launcher through `triton.set_allocator`
+    at each launch."""
+    if compiled is None:
+        return run  # the interpreter keeps descriptors on the host
+    import torch
+    import triton
+
+    need = int(getattr(compiled.metadata, "global_scratch_size", 0)) * programs
+    scratch = torch.empty(max(need, 1), dtype=torch.uint8, device=out.device)
+
+    def allocate(size: int, alignment: int, stream: Any) -> Any:
+        if size > scratch.numel():
+            raise RuntimeError(f"the tma kernel asks for {size} B of scratch memory, {scratch.numel()} B set aside")
+        return scratch
+
+    def run_tma() -> None:
+        triton.set_allocator(allocate)
+        run()
+
+    return run_tma
 
 
 def _kernel(config: Config) -> Any:

@@ -22,7 +22,7 @@ at 4 warps and leaves the PTX unchanged at 8 (Triton 3.6 on the H100 and 3.9, ch
 configs; bench/results/attention-variant-probe-h100.json).
 
 The descriptors are made on the device, in a global scratch buffer the host provides
-(`triton.set_allocator`, see `matmul._with_scratch`). TMA needs 16-byte aligned bases and row
+(`triton.set_allocator`, see `attention._with_scratch`). TMA needs 16-byte aligned bases and row
 strides: a head is S·D elements of 2 bytes with D >= 32, so every head's base is.
 
 Imported only inside a worker's child process (it imports triton at module level).

@@ -550,29 +550,6 @@ def _programs(a: Any) -> int:
     return int(torch.cuda.get_device_properties(a.device).multi_processor_count)
 
 
-def _with_scratch(run: Callable[[], None], compiled: Any | None, programs: int, out: Any) -> Callable[[], None]:
-    """`run` with the global scratch memory the device-made tensor descriptors live in: allocated
-    here, once, and handed to Triton's launcher through `triton.set_allocator` at each launch."""
-    if compiled is None:
-        return run  # the interpreter keeps descriptors on the host
-    import torch
-    import triton
-
-    need = int(getattr(compiled.metadata, "global_scratch_size", 0)) * programs
-    scratch = torch.empty(max(need, 1), dtype=torch.uint8, device=out.device)
-
-    def allocate(size: int, alignment: int, stream: Any) -> Any:
-        if size > scratch.numel():
-            raise RuntimeError(f"the tma kernel asks for {size} B of scratch memory, {scratch.numel()} B set aside")
-        return scratch
-
-    def run_tma() -> None:
-        triton.set_allocator(allocate)
-        run()
-
-    return run_tma
-
-
 def _require_tma(target: Target) -> None:
     """VARIANT=tma compiles only for a Hopper (or later) target with a Triton that has host tensor
     descriptors."""
