@@ -175,7 +175,7 @@ class PortfolioProposer(Proposer):
     def _next_member(self, idle: set[str]) -> Member:
         live = [m for m in self.members if m.name not in idle]
         given = sum(m.given for m in self.members)
-        starved = [m for m in live if m.given < math.floor(self.settings.floor * (given + 1))]
+        starved = [m for m in live if m.given < self.settings.floor * (given + 1)]
         if starved:
             return min(starved, key=lambda m: m.given)  # first in member order on ties
         return max(live, key=lambda m: self._ucb(m, given))  # first in member order on ties
