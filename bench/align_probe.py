@@ -8,9 +8,13 @@ bench/kernels.py (L2 cold): `cublas`; `tma` (the family's launch of its best rec
 config); and the same tile loop with explicit row strides (`strided-*`), where the operands are
 either the problem's own contiguous tensors (`strided-none`, which should time as `tma`) or
 views of copies whose rows are padded to a multiple of 128 bytes: A alone, B alone, C alone,
-or all three. The same problem padded whole to the tile grid (`padded-problem`, more work)
-shows what the tiles cost when nothing is ragged. Each arm's output is checked against the
-family's reference before it is timed (a padded arm on its view of the problem).
+or all three; `copy-B` and `copy-AB` pad at each call (the copies are timed with the kernel);
+`mixed` loads B through pointers beside A's descriptor. The same problem padded whole to the
+tile grid (`padded_problem`, more work) shows what the tiles cost when nothing is ragged; an
+aligned shape (4096x4096x1024) is the control. Each arm's output is checked against the
+family's reference before it is timed (a padded arm on its view of the problem). The probe's
+kernels make their descriptors in every program, as the family's tma kernels did when the
+committed result was recorded (they take host-made ones since: bench/hostdesc_probe.py).
 """
 
 from __future__ import annotations
