@@ -8,7 +8,8 @@ halving its traffic from L2. Triton's `tl` has no cluster API; its CUDA backend 
 `num_ctas` option. For VARIANT=tma (the recorded best tile of each shape) this compiles the
 kernel with num_ctas 1 and 2 and reports whether the PTX holds cluster or multicast
 instructions, then times both, with cuBLAS, by the timer and plan of bench/kernels.py (each
-launch checked against the family's reference first).
+launch checked against the family's reference first). The committed result was recorded when the
+tma kernel made its descriptors in every program; it takes host-made ones since.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def compile_ctas(family: Any, problem: Any, config: Any, target: Any, num_ctas: 
     from triton.compiler import ASTSource
 
     from tilepilot.kernels import matmul
-    from tilepilot.kernels.compile import Pointer, _divisibility_attrs, _specialise
+    from tilepilot.kernels.compile import Descriptor, Pointer, _divisibility_attrs, _specialise
 
     fn, ints, constexprs = matmul._kernel(problem, config)
-    args = {name: Pointer(str(problem["dtype"])) for name in fn.arg_names if name.endswith("_ptr")}
+    dtype = str(problem["dtype"])
+    args: dict[str, Any] = {name: Pointer(dtype) for name in fn.arg_names if name.endswith("_ptr")}
+    args.update({name: Descriptor(dtype, block) for name, (_, block) in matmul.descriptor_blocks(config).items()})
     gpu_target = GPUTarget(target.backend, target.arch, target.warp_size)
     signature, consts, attrs = _specialise(fn.arg_names, {**args, **ints}, constexprs,
                                            *_divisibility_attrs(gpu_target))
