@@ -20,8 +20,6 @@ committed result was recorded (they take host-made ones since: bench/hostdesc_pr
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tilepilot.kernels.matmul_persistent_triton import _store_tile  # noqa: E402
+from tilepilot.kernels.matmul_persistent_triton import _store_tile, _whole_waves  # noqa: E402
 from tilepilot.kernels.matmul_triton import aligned, tile_pid  # noqa: E402
 
 # problem, tma config (BLOCK_SIZE_M, N, K, warps, stages, EPILOGUE_SUBTILE): the recorded best
@@ -43,34 +41,34 @@ SHAPES = [((3000, 5000, 1000, "fp16"), (128, 256, 64, 8, 3, True)),
 
 
 @triton.jit
-def strided_tma_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
-                       BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                       GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
-    """matmul_tma_kernel with the row strides of A, B and C as arguments."""
-    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
-                                       block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
-                                       block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N])
+def _c_descriptor(c_ptr, M, N, stride_cm, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                  EPILOGUE_SUBTILE: tl.constexpr):
+    """C's descriptor, made in the program (its block half a tile wide with EPILOGUE_SUBTILE)."""
     if EPILOGUE_SUBTILE:
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
                                            block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N // 2])
     else:
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
                                            block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N])
-    start = tl.program_id(axis=0)
-    programs = tl.num_programs(axis=0)
+    return c_desc
+
+
+@triton.jit
+def strided_tma_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
+                       BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                       GROUP_SIZE_M: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
+    """matmul_tma_kernel's tile loop (`_whole_waves`) over descriptors made in each program from
+    the row strides of A, B and C."""
+    a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                       block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                       block_shape=[BLOCK_SIZE_K, BLOCK_SIZE_N])
+    c_desc = _c_descriptor(c_ptr, M, N, stride_cm, BLOCK_SIZE_M, BLOCK_SIZE_N, EPILOGUE_SUBTILE)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
-    for tile in tl.range(start, num_pid_m * num_pid_n, programs, flatten=True):
-        pid_m, pid_n = tile_pid(tile, num_pid_m, num_pid_n, GROUP_SIZE_M)
-        accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-        for k in range(0, k_blocks):
-            a = a_desc.load([pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K])
-            b = b_desc.load([k * BLOCK_SIZE_K, pid_n * BLOCK_SIZE_N])
-            accumulator = tl.dot(a, b, accumulator)
-        _store_tile(c_desc, accumulator, pid_m * BLOCK_SIZE_M, pid_n * BLOCK_SIZE_N, BLOCK_SIZE_M, BLOCK_SIZE_N,
-                    EPILOGUE_SUBTILE)
+    _whole_waves(a_desc, b_desc, c_desc, tl.program_id(axis=0), num_pid_m * num_pid_n, tl.num_programs(axis=0),
+                 num_pid_m, num_pid_n, tl.cdiv(K, BLOCK_SIZE_K), BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K,
+                 GROUP_SIZE_M, EPILOGUE_SUBTILE, False)
 
 
 @triton.jit
@@ -81,12 +79,7 @@ def mixed_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
     masked K, its rows ALIGN_N-aligned) instead of its descriptor; A and C through descriptors."""
     N = aligned(N, ALIGN_N)
     a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_K])
-    if EPILOGUE_SUBTILE:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
-                                           block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N // 2])
-    else:
-        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
-                                           block_shape=[BLOCK_SIZE_M, BLOCK_SIZE_N])
+    c_desc = _c_descriptor(c_ptr, M, N, N, BLOCK_SIZE_M, BLOCK_SIZE_N, EPILOGUE_SUBTILE)
     start = tl.program_id(axis=0)
     programs = tl.num_programs(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
@@ -119,32 +112,41 @@ def padded(t: Any, pad: bool) -> Any:
     return store[:, :cols]
 
 
+def persistent_launch(fn: Any, arms: Any, config: Any, values: dict[str, Any], extra: dict[str, Any],
+                      out: Any) -> Any:
+    """`fn` compiled ahead of time for `config` on the problem of `arms` (its `*_ptr` arguments of
+    the problem's dtype, the other `values` ints; the config's tile, GROUP_SIZE_M and
+    EPILOGUE_SUBTILE and `extra` as constants), launched with one program per SM at most and the
+    scratch memory its descriptors need: a closure."""
+    from tilepilot.kernels import attention, matmul
+    from tilepilot.kernels.compile import Pointer, aot_compile, launch
+
+    dtype = str(arms.problem["dtype"])
+    args = {name: Pointer(dtype) if name.endswith("_ptr") else v for name, v in values.items()}
+    consts = {**{name: config[name] for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
+                                                 "EPILOGUE_SUBTILE")}, **extra}
+    compiled = aot_compile(fn, args, consts, arms.target, num_warps=int(config["num_warps"]),
+                           num_stages=int(config["num_stages"]))
+    m, n, _ = matmul.dims(arms.problem)
+    tiles = -(-m // int(config["BLOCK_SIZE_M"])) * -(-n // int(config["BLOCK_SIZE_N"]))
+    programs = min(tiles, matmul._programs(arms.inputs[0]))
+    return attention._with_scratch(launch(fn, (programs, 1, 1), values, consts, config, compiled), compiled,
+                                   programs, out)
+
+
 def strided_launch(arms: Any, config: Any, out: Any, pads: str, copy: bool = False) -> Any:
     """A launch of strided_tma_kernel for `config` on the problem of `arms`, with the operands named
     in `pads` (of "A", "B", "C") padded: a closure that returns C (a view, where C is padded). With
     `copy`, the closure copies the padded operands A and B from the problem's own tensors first (the
     cost of padding them at each call, timed)."""
-    from tilepilot.kernels import attention, matmul
-    from tilepilot.kernels.compile import Pointer, aot_compile, launch
+    from tilepilot.kernels import matmul
 
     m, n, k = matmul.dims(arms.problem)
     a, b = (padded(t, name in pads) for t, name in zip(arms.inputs, "AB", strict=True))
     c = padded(out, "C" in pads)
     values = {"a_ptr": a, "b_ptr": b, "c_ptr": c, "M": m, "N": n, "K": k,
               "stride_am": a.stride(0), "stride_bk": b.stride(0), "stride_cm": c.stride(0)}
-    ints = {name: v for name, v in values.items() if not name.endswith("_ptr")}
-    consts = {name: config[name] for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
-                                              "EPILOGUE_SUBTILE")}
-    dtype = str(arms.problem["dtype"])
-    compiled = aot_compile(strided_tma_kernel, {"a_ptr": Pointer(dtype), "b_ptr": Pointer(dtype),
-                                                "c_ptr": Pointer(dtype), **ints},
-                           consts, arms.target, num_warps=int(config["num_warps"]),
-                           num_stages=int(config["num_stages"]))
-    tiles = -(-m // int(config["BLOCK_SIZE_M"])) * -(-n // int(config["BLOCK_SIZE_N"]))
-    programs = min(tiles, matmul._programs(a))
-    run = attention._with_scratch(launch(strided_tma_kernel, (programs, 1, 1), values, consts, config, compiled),
-                               compiled, programs, c)
-
+    run = persistent_launch(strided_tma_kernel, arms, config, values, {}, c)
     copies = [(padded_t, t) for padded_t, t in zip((a, b), arms.inputs, strict=True) if padded_t is not t]
 
     def run_view() -> Any:
@@ -159,24 +161,12 @@ def strided_launch(arms: Any, config: Any, out: Any, pads: str, copy: bool = Fal
 
 def mixed_launch(arms: Any, config: Any, out: Any) -> Any:
     """A launch of mixed_kernel for `config` on the problem of `arms`."""
-    from tilepilot.kernels import attention, matmul
-    from tilepilot.kernels.compile import Pointer, aot_compile, launch
+    from tilepilot.kernels import matmul
 
     m, n, k = matmul.dims(arms.problem)
     a, b = arms.inputs
-    values = {"a_ptr": a, "b_ptr": b, "c_ptr": out, "M": m, "N": n, "K": k}
-    ints = {name: v for name, v in values.items() if not name.endswith("_ptr")}
-    consts = {name: config[name] for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
-                                              "EPILOGUE_SUBTILE")}
-    consts["ALIGN_N"] = matmul.alignment(n, str(arms.problem["dtype"]))
-    dtype = str(arms.problem["dtype"])
-    compiled = aot_compile(mixed_kernel, {"a_ptr": Pointer(dtype), "b_ptr": Pointer(dtype), "c_ptr": Pointer(dtype),
-                                          **ints}, consts, arms.target, num_warps=int(config["num_warps"]),
-                           num_stages=int(config["num_stages"]))
-    tiles = -(-m // int(config["BLOCK_SIZE_M"])) * -(-n // int(config["BLOCK_SIZE_N"]))
-    programs = min(tiles, matmul._programs(a))
-    return attention._with_scratch(launch(mixed_kernel, (programs, 1, 1), values, consts, config, compiled),
-                                compiled, programs, out)
+    return persistent_launch(mixed_kernel, arms, config, {"a_ptr": a, "b_ptr": b, "c_ptr": out, "M": m, "N": n, "K": k},
+                             {"ALIGN_N": matmul.alignment(n, str(arms.problem["dtype"]))}, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,22 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from kernels import Arms
+    from kernels import Arms, gpu_probe, write_probe
+    from record import tile_config
 
-    from tilepilot.experiments import Config
-    from tilepilot.kernels import get_family
-    from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.timing import GpuTimer
-
-    fam = get_family("matmul")
-    ev = Evaluator("gpu")
-    target, timer = ev.target(), GpuTimer()
+    fam, ev, target, timer = gpu_probe("matmul")
     rows = []
     for (m, n, k, dtype), (bm, bn, bk, w, s, sub) in SHAPES:
         problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
-        config = Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
-                            "num_warps": w, "num_stages": s, "VARIANT": "tma", "SPLIT_K": 1, "ALIGN_HINT": False,
-                            "EPILOGUE_SUBTILE": sub, "WARP_SPECIALIZE": False})
+        config = tile_config(bm, bn, bk, w, s, VARIANT="tma", EPILOGUE_SUBTILE=sub)
         arms = Arms(fam, problem, target)
         arms.add("cublas", lambda out, p=problem, a=arms: fam.baseline(p, a.inputs, out))
         arms.config("tma", config)
@@ -222,9 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(problem.label(), {a: v.get("median_ms") or v.get("error") for a, v in row["arms"].items()},
               row.get("padded_problem", {}).get("problem"),
               {a: v.get("median_ms") for a, v in row.get("padded_problem", {}).get("arms", {}).items()}, flush=True)
-    Path(args.out).write_text(json.dumps({
-        "what": __doc__.split("\n\n")[0], "command": "python bench/align_probe.py " + " ".join(argv or sys.argv[1:]),
-        "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "rows": rows}, indent=1) + "\n")
+    write_probe(args.out, __doc__, "align_probe.py", argv, ev, rows)
     return 0
 
 

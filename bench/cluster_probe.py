@@ -15,8 +15,6 @@ tma kernel made its descriptors in every program; it takes host-made ones since.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,22 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from kernels import Arms
+    from kernels import Arms, gpu_probe, write_probe
+    from record import tile_config
 
-    from tilepilot.experiments import Config
-    from tilepilot.kernels import get_family
-    from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.timing import GpuTimer
-
-    fam = get_family("matmul")
-    ev = Evaluator("gpu")
-    target, timer = ev.target(), GpuTimer()
+    fam, ev, target, timer = gpu_probe("matmul")
     rows = []
     for (m, n, k, dtype), (bm, bn, bk, w, s) in SHAPES:
         problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
-        config = Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
-                            "num_warps": w, "num_stages": s, "VARIANT": "tma", "SPLIT_K": 1, "ALIGN_HINT": False,
-                            "EPILOGUE_SUBTILE": True, "WARP_SPECIALIZE": False})
+        config = tile_config(bm, bn, bk, w, s, VARIANT="tma", EPILOGUE_SUBTILE=True)
         arms = Arms(fam, problem, target)
         arms.add("cublas", lambda out, p=problem, a=arms: fam.baseline(p, a.inputs, out))
         ptx: dict[str, Any] = {}
@@ -91,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(problem.label(), ptx, {a: v.get("median_ms") or v.get("error") for a, v in row["arms"].items()},
               flush=True)
-    Path(args.out).write_text(json.dumps({
-        "what": __doc__.split("\n\n")[0], "command": "python bench/cluster_probe.py " + " ".join(argv or sys.argv[1:]),
-        "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "rows": rows}, indent=1) + "\n")
+    write_probe(args.out, __doc__, "cluster_probe.py", argv, ev, rows)
     return 0
 
 

@@ -13,8 +13,6 @@ Each arm's output is checked against the family's reference before it is timed.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,16 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from kernels import Arms
+    from kernels import Arms, gpu_probe, write_probe
 
     from tilepilot.experiments import Config
-    from tilepilot.kernels import get_family, matmul
-    from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.timing import GpuTimer
+    from tilepilot.kernels import matmul
 
-    fam = get_family("matmul")
-    ev = Evaluator("gpu")
-    target, timer = ev.target(), GpuTimer()
+    fam, ev, target, timer = gpu_probe("matmul")
     one = matmul._programs
     rows = []
     for m, n, k, dtype in SHAPES:
@@ -67,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                  for a in row["arms"] if a.startswith("p1-")]
         print(problem.label(), "cublas", row["arms"].get("cublas", {}).get("median_ms"), "|", "; ".join(pairs),
               flush=True)
-    Path(args.out).write_text(json.dumps({
-        "what": __doc__.split("\n\n")[0], "command": "python bench/ctas_probe.py " + " ".join(argv or sys.argv[1:]),
-        "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "rows": rows}, indent=1) + "\n")
+    write_probe(args.out, __doc__, "ctas_probe.py", argv, ev, rows)
     return 0
 
 

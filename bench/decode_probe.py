@@ -16,8 +16,6 @@ Each matmul arm's output is checked against the family's reference before it is 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,16 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from kernels import Arms, _sig, tuned_configs
+    from kernels import Arms, _sig, gpu_probe, tuned_configs, write_probe
+    from record import tile_config
 
-    from tilepilot.experiments import Config
-    from tilepilot.kernels import get_family
-    from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.timing import GpuTimer
-
-    fam = get_family("matmul")
-    ev = Evaluator("gpu")
-    target, timer = ev.target(), GpuTimer()
+    fam, ev, target, timer = gpu_probe("matmul")
     tuned = tuned_configs("matmul")
     rows = []
     for m in (1, 16, 64):
@@ -69,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for bn, bk, w, s, split in ((128, 128, 4, 3, 4), (256, 128, 8, 3, 4), (256, 128, 8, 4, 8),
                                     (128, 256, 4, 3, 8), (128, 256, 8, 3, 8), (256, 256, 8, 3, 8),
                                     (64, 256, 4, 3, 16), (128, 128, 4, 4, 16), (256, 64, 8, 4, 16)):
-            c = Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
-                           "num_warps": w, "num_stages": s, "VARIANT": "splitk_fused", "SPLIT_K": split,
-                           "ALIGN_HINT": False, "EPILOGUE_SUBTILE": False, "WARP_SPECIALIZE": False})
+            c = tile_config(bm, bn, bk, w, s, VARIANT="splitk_fused", SPLIT_K=split)
             if fam.space().check(c, problem) is None:
                 arms.config(f"fused-{bn}x{bk}-w{w}s{s}-k{split}", c)
         b = arms.inputs[1]
@@ -93,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             row["arms"][n]["b_read_gbps"] = _sig(b_bytes / t.median_ms / 1e6)
         rows.append(row)
         print(problem.label(), {n: a.get("median_ms") for n, a in row["arms"].items()}, flush=True)
-    Path(args.out).write_text(json.dumps({
-        "what": __doc__.split("\n\n")[0], "command": "python bench/decode_probe.py " + " ".join(argv or sys.argv[1:]),
-        "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "rows": rows}, indent=1) + "\n")
+    write_probe(args.out, __doc__, "decode_probe.py", argv, ev, rows)
     return 0
 
 

@@ -220,6 +220,25 @@ class Arms:
         return out
 
 
+def gpu_probe(kernel: str) -> tuple[Any, Any, Any, Any]:
+    """What a probe under bench/ times with, as this script does: the family, a gpu Evaluator, its
+    target and the GPU timer."""
+    from tilepilot.kernels import get_family
+    from tilepilot.kernels.evaluate import Evaluator
+    from tilepilot.kernels.timing import GpuTimer
+
+    ev = Evaluator("gpu")
+    return get_family(kernel), ev, ev.target(), GpuTimer()
+
+
+def write_probe(out: str, doc: str, script: str, argv: list[str] | None, ev: Any, rows: list[Any]) -> None:
+    """A probe's result: what it asks (its docstring's first paragraph), the command, the date,
+    the device and versions, and its rows."""
+    Path(out).write_text(json.dumps({
+        "what": doc.split("\n\n")[0], "command": f"python bench/{script} " + " ".join(argv or sys.argv[1:]),
+        "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "rows": rows}, indent=1) + "\n")
+
+
 def _sig(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(f"{x:.5g}")
 

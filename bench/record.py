@@ -126,13 +126,13 @@ def variants_grid(problem: Problem) -> list[Config]:
     - `new_variants_grid`: splitk_fused, tma_tail, tma with EPILOGUE_SUBTILE and 256×128 tiles.
     GROUP_SIZE_M=8 throughout. Configs a constraint refuses are recorded as invalid with the reason."""
     hint = _hint(problem)
-    out = [_config(bm, bn, bk, w, s, ALIGN_HINT=True)
+    out = [tile_config(bm, bn, bk, w, s, ALIGN_HINT=True)
            for bm, bn, bk, w, s in itertools.product([64, 128, 256], [64, 128, 256], [32, 64, 128], [4, 8], [3, 4])
            ] if hint else []
-    out += [_config(bm, bn, bk, w, s, VARIANT="splitk", SPLIT_K=k, ALIGN_HINT=hint)
+    out += [tile_config(bm, bn, bk, w, s, VARIANT="splitk", SPLIT_K=k, ALIGN_HINT=hint)
             for (bm, bn, w), bk, s, k in itertools.product(SPLITK_TILES, [64, 128], [3, 4], [2, 4, 8])]
     for variant, hinted in (("persistent", hint), ("tma", False)):
-        out += [_config(bm, bn, bk, w, s, VARIANT=variant, ALIGN_HINT=hinted)
+        out += [tile_config(bm, bn, bk, w, s, VARIANT=variant, ALIGN_HINT=hinted)
                 for (bm, bn, w), bk, s in itertools.product(PERSISTENT_TILES, [32, 64, 128], [3, 4])]
     return out + new_variants_grid(problem)
 
@@ -144,13 +144,13 @@ def new_variants_grid(problem: Problem) -> list[Config]:
     - tma with EPILOGUE_SUBTILE (TMA_TILES × BLOCK_SIZE_K {32,64,128} × stages {3,4}, 42) and without it
       on the 256×128 tile (6)."""
     hint = _hint(problem)
-    out = [_config(bm, bn, bk, w, s, VARIANT="splitk_fused", SPLIT_K=k, ALIGN_HINT=hint)
+    out = [tile_config(bm, bn, bk, w, s, VARIANT="splitk_fused", SPLIT_K=k, ALIGN_HINT=hint)
            for (bm, bn, w), bk, s, k in itertools.product(FUSED_TILES, [64, 128], [3, 5], [2, 4, 8, 16])]
-    out += [_config(bm, bn, bk, w, s, VARIANT="tma_tail", EPILOGUE_SUBTILE=sub)
+    out += [tile_config(bm, bn, bk, w, s, VARIANT="tma_tail", EPILOGUE_SUBTILE=sub)
             for (bm, bn, w), bk, s, sub in itertools.product(TMA_TILES, [32, 64, 128], [3, 4], [False, True])]
-    out += [_config(bm, bn, bk, w, s, VARIANT="tma", EPILOGUE_SUBTILE=True)
+    out += [tile_config(bm, bn, bk, w, s, VARIANT="tma", EPILOGUE_SUBTILE=True)
             for (bm, bn, w), bk, s in itertools.product(TMA_TILES, [32, 64, 128], [3, 4])]
-    out += [_config(256, 128, bk, 8, s, VARIANT="tma") for bk, s in itertools.product([32, 64, 128], [3, 4])]
+    out += [tile_config(256, 128, bk, 8, s, VARIANT="tma") for bk, s in itertools.product([32, 64, 128], [3, 4])]
     return out
 
 
@@ -158,7 +158,7 @@ def streamk_grid(problem: Problem) -> list[Config]:
     """VARIANT=streamk on tma_tail's grid (`--streamk-only`, recorded apart from the variants' dataset,
     with its own cuBLAS times): TMA_TILES × BLOCK_SIZE_K {32,64,128} × stages {3,4} ×
     EPILOGUE_SUBTILE {False,True} (84)."""
-    return [_config(bm, bn, bk, w, s, VARIANT="streamk", EPILOGUE_SUBTILE=sub)
+    return [tile_config(bm, bn, bk, w, s, VARIANT="streamk", EPILOGUE_SUBTILE=sub)
             for (bm, bn, w), bk, s, sub in itertools.product(TMA_TILES, [32, 64, 128], [3, 4], [False, True])]
 
 
@@ -167,11 +167,13 @@ def wide_grid(problem: Problem) -> list[Config]:
     the variants' dataset, with its own cuBLAS times): BLOCK_SIZE_M {64,128,256} × BLOCK_SIZE_N
     {160,192} × BLOCK_SIZE_K {32,64,128} × warps {4,8} × stages {3,4} (72; shared memory and
     registers refuse about half)."""
-    return [_config(bm, bn, bk, w, s, VARIANT="tma")
+    return [tile_config(bm, bn, bk, w, s, VARIANT="tma")
             for bm, bn, bk, w, s in itertools.product([64, 128, 256], [160, 192], [32, 64, 128], [4, 8], [3, 4])]
 
 
-def _config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
+def tile_config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
+    """A matmul config as the recorded grids hold it: the tile, GROUP_SIZE_M 8, and every variant
+    parameter at its default unless given."""
     return Config.of({**dict(zip(TILE_NAMES, (bm, bn, bk, 8, w, s), strict=True)),
                       "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False, "EPILOGUE_SUBTILE": False,
                       "WARP_SPECIALIZE": False, **variant})
@@ -181,7 +183,7 @@ def _hint(problem: Problem) -> bool:
     """Whether ALIGN_HINT says something for this problem."""
     from tilepilot.kernels.matmul import alignments
 
-    return alignments(problem, _config(64, 64, 64, 4, 3, ALIGN_HINT=True)) != (1, 1)
+    return alignments(problem, tile_config(64, 64, 64, 4, 3, ALIGN_HINT=True)) != (1, 1)
 
 
 def parse_problem(spec: str) -> Problem:

@@ -15,8 +15,6 @@ Each arm's output is checked against the family's reference before it is timed.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,16 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    from kernels import Arms, tuned_configs
+    from kernels import Arms, gpu_probe, tuned_configs, write_probe
+    from record import tile_config
 
-    from tilepilot.experiments import Config
-    from tilepilot.kernels import get_family
-    from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.timing import GpuTimer
-
-    fam = get_family("matmul")
-    ev = Evaluator("gpu")
-    target, timer = ev.target(), GpuTimer()
+    fam, ev, target, timer = gpu_probe("matmul")
     tuned = tuned_configs("matmul")
     rows = []
     for m, n, k, dtype in SHAPES:
@@ -69,9 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             arms.config("tuned", tuned[problem.key()])
         for bm, bn, bk, w, s in TILES:
             for ws in (False, True):
-                c = Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
-                               "num_warps": w, "num_stages": s, "VARIANT": "tma", "SPLIT_K": 1,
-                               "ALIGN_HINT": False, "EPILOGUE_SUBTILE": False, "WARP_SPECIALIZE": ws})
+                c = tile_config(bm, bn, bk, w, s, VARIANT="tma", WARP_SPECIALIZE=ws)
                 reason = fam.space().check(c, problem)
                 name = f"{'ws' if ws else 'tma'}-{bm}x{bn}x{bk}-w{w}s{s}"
                 if reason is None:
@@ -90,9 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"/{ws.get('median_ms') or ws.get('error', '')[:40]}")
         print(problem.label(), "cublas", cub, "tuned", row["arms"].get("tuned", {}).get("median_ms"), kernels,
               "|", "; ".join(pairs), flush=True)
-    Path(args.out).write_text(json.dumps({
-        "what": __doc__.split("\n\n")[0], "command": "python bench/ws_probe.py " + " ".join(argv or sys.argv[1:]),
-        "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "rows": rows}, indent=1) + "\n")
+    write_probe(args.out, __doc__, "ws_probe.py", argv, ev, rows)
     return 0
 
 
