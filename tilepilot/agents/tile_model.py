@@ -207,7 +207,8 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     m, n, kk, size = dims
     scalar = element_wise_operands(problem)
     vector_rows = (0 if "A" in scalar else t.bm) + (0 if "B" in scalar else t.bn)
-    shared = (t.stages * vector_rows + (t.bm + t.bn - vector_rows)) * t.bk * size
+    scalar_rows = t.bm + t.bn - vector_rows  # rows of the A and B tiles loaded element by element
+    shared = (t.stages * vector_rows + scalar_rows) * t.bk * size
     threads = 32 * t.warps
     acc = t.bm * t.bn / threads
     vectors = vector_rows * t.bk * size / 16 / threads
@@ -215,7 +216,7 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     # pointer registers. Past the register limit these spill first (their values are needed once
     # per K step), so their spilling costs reloads at the element-wise rate, not the multiplier
     # of a spilled accumulator or pipeline.
-    elements = (t.bm + t.bn - vector_rows) * t.bk / threads
+    elements = scalar_rows * t.bk / threads
     held = acc + k.reg_overhead + k.regs_per_vector * vectors
     regs = held + k.regs_per_vector * elements
     spilled = max(0.0, held - device.max_regs_per_thread)
@@ -248,11 +249,11 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     sm_gbps = min(k.sm_gbps, in_flight / (k.latency_us * 1e3))
     vector_us = per_sm * vector_bytes / sm_gbps if vector_bytes else 0.0
     feed_us = max(vector_us, tiles * stage_bytes / k.l2_gbps) * iters * 1e-3
-    scalar_bytes = ((t.bm if "A" in scalar else 0) + (t.bn if "B" in scalar else 0)) * t.bk * iters * size
+    scalar_bytes = scalar_rows * t.bk * iters * size
     if elements:
         scalar_bytes *= 1.0 + reloads / elements  # one reload per spilled pointer register and K step
         # synchronous loads: a K step's worth per resident tile in flight over the latency
-        scalar_step = (t.bm + t.bn - vector_rows) * t.bk * size * min(bps, per_sm)
+        scalar_step = scalar_rows * t.bk * size * min(bps, per_sm)
         scalar_gbps = min(k.scalar_gbps, scalar_step / (k.latency_us * 1e3))
         feed_us += per_sm * scalar_bytes / (scalar_gbps * 1e3)
     rounds = math.ceil(per_sm / bps)
