@@ -340,3 +340,26 @@ def test_recorded_streamk_and_wide_datasets_are_each_problems_grid_with_cublas(n
         assert ds.baseline(p)[0] == FAMILY.baseline_name
     unaligned = next(p for p in ds.problems if p["K"] == 1500)  # no TMA for 3000-byte rows: all refused
     assert {r.status for r in ds.records(unaligned).values()} == {Status.INVALID}
+
+
+def test_the_tuned_arms_finalists_hold_each_recorded_variants_fastest_config() -> None:
+    import sys
+
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import kernels  # type: ignore[import-not-found]
+
+    paths = [DATA_DIR / "matmul-variants-h100.jsonl.gz"]
+    ds = load_dataset(paths[0], FAMILY)
+    finalists = kernels.tuned_finalists("matmul", paths)
+    for p in ds.problems[:4]:
+        timed = sorted(((r.median_ms, c) for c, r in ds.records(p).items() if r.median_ms is not None),
+                       key=lambda x: (x[0], x[1].key()))
+        fastest: dict[str, object] = {}
+        for _, c in timed:
+            fastest.setdefault(c["VARIANT"], c)
+        chosen = finalists[p.key()]
+        assert chosen[0] == timed[0][1]  # the fastest recorded config first
+        assert set(fastest.values()) <= set(chosen), p.label()  # and every variant's best, not only the top two
+        assert len(fastest) > kernels.FINALISTS
