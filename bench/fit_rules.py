@@ -36,11 +36,12 @@ from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
 log = logging.getLogger("fit_rules")
 KERNEL = "matmul"
 FITTED = ("mma_half_area", "mma_half_n", "l2_gbps", "sm_gbps", "latency_us", "dup_gbps", "fill_us",
-          "scalar_gbps")
+          "scalar_gbps", "overlap_power")
 # Where every fit starts: round physical values set before any fitting, so a leave-one-out fit
 # carries nothing of its held-out problem.
 NEUTRAL = dataclasses.replace(DEFAULT_CONSTANTS, mma_half_area=4096.0, mma_half_n=32.0, l2_gbps=9000.0,
-                              sm_gbps=120.0, latency_us=1.0, dup_gbps=1000.0, fill_us=1.0, scalar_gbps=16.0)
+                              sm_gbps=120.0, latency_us=1.0, dup_gbps=1000.0, fill_us=1.0, scalar_gbps=16.0,
+                              overlap_power=2.0)
 SAVED = (*FITTED, "scalar_error_var")  # what a fit sets (scalar_error_var measured, not searched)
 BOUND = 8.0  # a fitted constant stays within this factor of its neutral value
 MARGIN = 1.02  # pairs closer than this are ties, not ranked
