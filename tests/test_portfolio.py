@@ -13,7 +13,13 @@ import pytest
 
 from tests.proposer_toys import PROBLEM, TINY_SPACE, TOY_SPACE, context, drive, evaluate, ok_result
 from tilepilot.agents.base import SearchState
-from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
+from tilepilot.agents.portfolio import (
+    DEFAULT_PRIOR,
+    MODEL_PRIOR,
+    PRIOR_IMPROVEMENTS,
+    PortfolioProposer,
+    PortfolioSettings,
+)
 from tilepilot.experiments import Config, InputError, Result
 
 
@@ -76,6 +82,26 @@ def test_the_floor_keeps_a_member_that_never_improves() -> None:
     assert grid.given < 20
 
 
+def test_a_member_that_predicts_before_any_result_gets_the_model_head_start() -> None:
+    modelled = portfolio(("rules", "optuna", "random"))  # a GEMM problem, tile parameters: rules has a model
+    assert [m.prior for m in modelled.members] == [MODEL_PRIOR, DEFAULT_PRIOR, DEFAULT_PRIOR]
+    bare = PortfolioProposer(context(space=TINY_SPACE), PortfolioSettings(members=("rules", "random")))
+    assert [m.prior for m in bare.members] == [PRIOR_IMPROVEMENTS["rules"], DEFAULT_PRIOR]
+
+
+def test_a_small_budget_is_the_models_and_the_floor_owes_whole_slots() -> None:
+    # Three members and a floor of a tenth: no member is owed a slot before the tenth, so an
+    # 8-config campaign goes to the member with a model; by 12 slots each other member has had one.
+    def owners(budget: int) -> dict[str, int]:
+        p = portfolio(("rules", "optuna", "random"), budget=budget)
+        drive(p, budget=budget)
+        return {m.name: m.given for m in p.members}
+
+    assert owners(8) == {"rules": 8, "optuna": 0, "random": 0}
+    twelve = owners(12)
+    assert twelve["optuna"] >= 1 and twelve["random"] >= 1 and sum(twelve.values()) == 12
+
+
 def test_same_seed_same_split_and_configs() -> None:
     runs = []
     for _ in range(2):
@@ -89,8 +115,9 @@ def test_same_seed_same_split_and_configs() -> None:
 
 
 def test_members_never_duplicate_each_other() -> None:
-    # Without a tile model both members start in space order: the same first config.
-    p = PortfolioProposer(context(space=TINY_SPACE, budget=3), PortfolioSettings(members=("grid", "rules")))
+    # Without a tile model both members start in space order: the same first config. (A floor of
+    # a half owes grid the second slot.)
+    p = PortfolioProposer(context(space=TINY_SPACE, budget=3), PortfolioSettings(members=("grid", "rules"), floor=0.5))
     batch = p.propose(SearchState(), 3)
     configs = [c.config for c in batch]
     assert len(configs) == len(set(configs)) == 3

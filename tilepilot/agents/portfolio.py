@@ -17,10 +17,16 @@ timing (the first config that runs at all: without it the member that goes first
 start, would start its first round with nothing to show for it, and lose its lead before the
 data had said anything). Slots are given one at a time to the member with the highest upper
 confidence bound, `(improvements + prior) / (measured + 2) + explore * sqrt(ln(1 + given) /
-(1 + member_given))`, where `prior` is a member's head start (the model-based `rules` leads
-until the data says otherwise). A floor keeps every member alive: a member that has received
-fewer than `floor` of all the slots handed out gets the next one. A member that has nothing to
-offer is skipped and its slots go to the others; the portfolio is exhausted when all are.
+(1 + member_given))`, where `prior` is a member's head start: `MODEL_PRIOR` for a member that
+predicts the problem's configs before anything is measured (`rules` where the space has a
+GEMM's tile parameters: its tile model), else its entry in `priors`, so a model leads until the
+data says otherwise. A floor keeps every member alive, in whole slots: a member is owed a slot
+once `floor` of the slots handed out (the next one included) comes to a whole slot more than it
+has had. Below that, a small budget is not split among members that cannot learn from a slot or
+two (TPE samples at random for its first trials): with three members and a floor of 0.1, the
+first nine slots follow the bound alone, so an 8-config campaign is the model's where it has
+one. A member that has nothing to offer is skipped and its slots go to the others; the portfolio
+is exhausted when all are.
 
 Candidates keep their member's prediction and hypothesis; the rationale says who proposed
 it, how the round was split and why, then the member's own reason.
@@ -39,6 +45,7 @@ from tilepilot.experiments import Candidate, Config, InputError, Result, Status
 DEFAULT_MEMBERS = ("rules", "optuna", "random")
 PRIOR_IMPROVEMENTS = {"rules": 1.0}  # head start in improvements; others get DEFAULT_PRIOR
 DEFAULT_PRIOR = 0.5
+MODEL_PRIOR = 4.0  # head start of a member that predicts the problem's configs before any result
 IMPROVEMENT = 0.005  # a result must beat the best so far by 0.5% (about the timing noise)
 
 
@@ -81,7 +88,7 @@ class PortfolioProposer(Proposer):
                  else ctx.members or self._default_members())
         if not names or len(set(names)) != len(names) or self.name in names:
             raise InputError(f"portfolio members {names!r} must be distinct proposers other than 'portfolio'")
-        self.members = [Member(n, self._build(n, ctx), self.settings.priors.get(n, DEFAULT_PRIOR)) for n in names]
+        self.members = [self._member(n, ctx) for n in names]
         self._owner: dict[Config, Member] = {}
         self._seen_results: dict[Config, Result] = {}
         self._best_ms: float | None = None
@@ -93,6 +100,14 @@ class PortfolioProposer(Proposer):
             return DEFAULT_MEMBERS
         self._builders.setdefault("llm", _llm_in_background)
         return (*DEFAULT_MEMBERS, "llm")
+
+    def _member(self, name: str, ctx: ProposerContext) -> Member:
+        """A member with its head start: MODEL_PRIOR where it predicts the space's first config
+        with nothing measured (a model of the problem), else its entry in `priors`."""
+        proposer = self._build(name, ctx)
+        first = next(iter(ctx.space), None)
+        models = first is not None and proposer.score([first])[0][0] is not None
+        return Member(name, proposer, MODEL_PRIOR if models else self.settings.priors.get(name, DEFAULT_PRIOR))
 
     def _build(self, name: str, ctx: ProposerContext) -> Proposer:
         builder = self._builders.get(name) or IN_BACKGROUND.get(name)
@@ -175,7 +190,7 @@ class PortfolioProposer(Proposer):
     def _next_member(self, idle: set[str]) -> Member:
         live = [m for m in self.members if m.name not in idle]
         given = sum(m.given for m in self.members)
-        starved = [m for m in live if m.given < self.settings.floor * (given + 1)]
+        starved = [m for m in live if m.given < math.floor(self.settings.floor * (given + 1))]
         if starved:
             return min(starved, key=lambda m: m.given)  # first in member order on ties
         return max(live, key=lambda m: self._ucb(m, given))  # first in member order on ties
