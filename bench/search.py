@@ -38,7 +38,8 @@ lopo` (the default): for each problem, the constants are fitted on all the OTHER
 (leave one problem out) and every problem counts as held out. `--protocol dev-split`: one
 fit on DEV_PROBLEMS, scored on the others ("held_out"; "all" adds the development problems).
 `--protocol shipped`: the shipped constants, for a dataset they were not fitted on (the H200 grid
-of problems the H100 grid lacks, `data/replay/matmul-h200.jsonl.gz`): every problem is held out.
+of problems the H100 grid lacks, `data/replay/matmul-h200.jsonl.gz`, and the fresh H100 grid of
+twelve more, `data/replay/matmul-h100-fresh.jsonl.gz`): every problem is held out.
 `--protocol folds`: the constants of bench/results/rules-constants-4fold.json, each fitted on the
 three other folds of the H100 problems (as `bench/gpu_campaign.py` runs them); "per_fold" in
 the output has each fold's regret and configs to 2%.

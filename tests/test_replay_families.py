@@ -97,3 +97,39 @@ def test_the_h200_matmul_recording_is_a_full_grid_of_problems_the_h100_grid_lack
     for w in winners:
         problem = next(p for p in h200.problems if p.key() == w.problem_key)
         assert w.median_ms == h200.records(problem)[family.space().parse(w.config)].median_ms
+
+
+def test_the_fresh_h100_matmul_recording_is_a_full_grid_of_problems_no_other_grid_holds(tmp_path: Path) -> None:
+    # data/replay/matmul-h100-fresh.jsonl.gz: the hold-out that bench/search.py scores with the shipped
+    # constants, so none of its problems may be one the constants were fitted on (the H100 grid) or
+    # another hold-out holds (the H200 grid). The configs the register constraint refuses are recorded
+    # as invalid, with the reason, not timed.
+    family = get_family("matmul")
+    # the default of a replay campaign stays the grid the constants were fitted on, although the
+    # fresh grid's name sorts first
+    assert default_dataset("matmul") == DATA_DIR / "matmul-h100.jsonl"
+    fresh = load_dataset(DATA_DIR / "matmul-h100-fresh.jsonl.gz", family)
+    h100 = load_dataset(default_dataset("matmul"), family)
+    h200 = load_dataset(DATA_DIR / "matmul-h200.jsonl.gz", family)
+    assert len(fresh.problems) == 12 and not set(fresh.problems) & (set(h100.problems) | set(h200.problems))
+    grid = set(h100.records(h100.problems[0]))
+    for p in fresh.problems:
+        records = fresh.records(p)
+        assert set(records) == grid, p.label()
+        ok = [r for r in records.values() if r.status is Status.OK]
+        invalid = [r for r in records.values() if r.status is Status.INVALID]
+        assert len(ok) + len(invalid) == len(grid) and len(ok) >= 90
+        assert {r.env.device for r in ok} == {"NVIDIA H100 80GB HBM3"} and all(r.message for r in invalid)
+        assert all(family.space().check(c, p) for c, r in records.items() if r.status is Status.INVALID)
+        name, timing = fresh.baseline(p) or ("", None)
+        assert name == family.baseline_name and timing is not None and timing.median_ms > 0
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('[campaign]\nname = "f"\nkernel = "matmul"\nbudget = 8\n')  # the default proposer
+    tune(TuneOptions(campaign=campaign, backend="replay", dataset=DATA_DIR / "matmul-h100-fresh.jsonl.gz",
+                     db=tmp_path / "t.db"))
+    with open_db(tmp_path / "t.db") as db:
+        winners = best(db, campaign="f")
+    assert len(winners) == len(fresh.problems)
+    for w in winners:
+        problem = next(p for p in fresh.problems if p.key() == w.problem_key)
+        assert w.median_ms == fresh.records(problem)[family.space().parse(w.config)].median_ms

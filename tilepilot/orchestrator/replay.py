@@ -119,7 +119,12 @@ GZIP_MAGIC = b"\x1f\x8b"
 
 
 def default_dataset(kernel: str) -> Path:
-    """The shipped dataset for a kernel family, e.g. data/replay/matmul-h100.jsonl (or .jsonl.gz)."""
+    """The shipped dataset for a kernel family: its grid recorded on the H100, KERNEL-h100.jsonl (or
+    .jsonl.gz), where shipped, else the first KERNEL-*.jsonl[.gz] by name (other grids of a family,
+    e.g. matmul-h100-fresh.jsonl.gz or matmul-h200.jsonl.gz, are chosen with --dataset)."""
+    for own in (DATA_DIR / f"{kernel}-h100.jsonl", DATA_DIR / f"{kernel}-h100.jsonl.gz"):
+        if own.is_file():
+            return own
     candidates = sorted([*DATA_DIR.glob(f"{kernel}-*.jsonl"), *DATA_DIR.glob(f"{kernel}-*.jsonl.gz")])
     if not candidates:
         shipped = ", ".join(sorted(p.name for p in DATA_DIR.glob("*.jsonl*"))) or "none"
