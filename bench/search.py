@@ -5,6 +5,12 @@
         [--slow-seeds 3] [--jobs 2]
     python bench/search.py --arm warm --out bench/results/warm-start-h100.json \\
         [--proposers rules,portfolio,optuna,random] [--seeds 5]
+    python bench/search.py --kernel softmax --protocol shipped --out bench/results/search-softmax-h100.json
+
+`--kernel` (default matmul) searches another family's recorded grid (its own H100 grid unless
+--dataset says otherwise) with the same drive and measures; there `rules` has a tile model only
+where the family is a GEMM (fused_moe), and the rules constants are the shipped ones: another
+family is searched with `--protocol shipped` and `--arm search` alone.
 
 Method. Every (proposer, problem, seed) is a fresh campaign of one problem on the replay
 backend, driven in process by `drive` below: the driver's loop without the store and queue
@@ -257,9 +263,10 @@ def fixed_list_regret(dataset: ReplayDataset, problem: Problem, size: int) -> tu
 _DATASET: ReplayDataset | None = None
 
 
-def _init(path: str) -> None:
-    global _DATASET
+def _init(path: str, kernel: str = "matmul") -> None:
+    global _DATASET, KERNEL
     logging.basicConfig(level=logging.WARNING)
+    KERNEL = kernel
     _DATASET = load_dataset(path, get_family(KERNEL))
 
 
@@ -392,7 +399,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seeds_of = {name: seeds[:1] if name == "grid" else seeds[:args.slow_seeds] if name in SLOW else seeds
                 for name in proposers}
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset),)) as pool:
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset), KERNEL)) as pool:
         fitted = any(n in MODELLED for n in proposers)
         constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
         if fitted:
@@ -439,6 +446,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "command": "python " + " ".join(sys.argv),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "kernel": KERNEL,
         "dataset": dataset_info(dataset),
         "method": __doc__.split("Method. ")[1].split("\n\nHeld out.")[0].replace("\n", " "),
         "protocol": args.protocol,
@@ -512,7 +520,7 @@ def run_warm(args: argparse.Namespace) -> dict[str, Any]:
     proposers = [s for s in (args.proposers or ",".join(WARM_PROPOSERS)).split(",") if s]
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset),)) as pool:
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset), KERNEL)) as pool:
         fitted = any(n in MODELLED for n in proposers)
         constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
         if fitted:
@@ -752,7 +760,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="search: every proposer's efficiency; warm: warm start against a cold start; "
                         "history: rules with history-first heads at 8 configs")
     p.add_argument("--history", help="--arm history: a dataset of another device read as the store")
-    p.add_argument("--dataset", default="data/replay/matmul-h100.jsonl")
+    p.add_argument("--kernel", default="matmul",
+                   help="the family whose recorded grid is searched (another than matmul: --protocol shipped)")
+    p.add_argument("--dataset", help="default: the family's own H100 grid, e.g. data/replay/matmul-h100.jsonl")
     p.add_argument("--out", help="default: bench/results/search-h100.json (search), warm-start-h100.json (warm)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="lopo")
     p.add_argument("--proposers", help=f"default: {','.join(PROPOSERS)} (search), {','.join(WARM_PROPOSERS)} (warm)")
@@ -760,6 +770,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-seeds", type=int, default=3, help=f"seeds of the slow proposers ({', '.join(SLOW)})")
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
+    global KERNEL
+    from tilepilot.experiments import InputError
+    from tilepilot.kernels import family_names
+    from tilepilot.orchestrator.replay import default_dataset
+
+    if args.kernel not in family_names():
+        p.error(f"unknown --kernel {args.kernel!r} (allowed: {', '.join(family_names())})")
+    if args.kernel != "matmul" and (args.arm != "search" or args.protocol != "shipped"):
+        p.error(f"--kernel {args.kernel}: only --arm search with --protocol shipped (the rules constants are "
+                "fitted on matmul grids)")
+    KERNEL = args.kernel
+    try:
+        args.dataset = args.dataset or str(default_dataset(KERNEL))
+    except InputError as e:
+        p.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.arm == "warm":
         args.out = args.out or "bench/results/warm-start-h100.json"

@@ -1,0 +1,40 @@
+"""bench/search.py on another family's recorded grid (`--kernel`), and its one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import search  # type: ignore[import-not-found]  # noqa: E402
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--kernel", "nope", "--protocol", "shipped"], "unknown --kernel 'nope' (allowed: attention,"),
+    (["--kernel", "softmax"], "--kernel softmax: only --arm search with --protocol shipped"),
+    (["--kernel", "softmax", "--protocol", "shipped", "--arm", "warm"], "--kernel softmax: only --arm search"),
+])
+def test_a_bad_kernel_or_protocol_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        search.main([*argv, "--out", str(tmp_path / "out.json")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_another_family_is_searched_on_its_own_recorded_grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "KERNEL", "matmul")  # main sets the module's family: restored after the test
+    out = tmp_path / "rmsnorm.json"
+    assert search.main(["--kernel", "rmsnorm", "--protocol", "shipped", "--proposers", "random",
+                        "--seeds", "1", "--jobs", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["kernel"] == "rmsnorm" and result["dataset"]["path"].endswith("rmsnorm-h100.jsonl.gz")
+    regret = result["proposers"]["random"]["regret"]
+    assert set(regret) == {str(b) for b in result["budgets"]}
+    assert all(row["held_out"]["problems"] >= 4 for row in regret.values())
