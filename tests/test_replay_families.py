@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tilepilot.experiments import DatasetError, Status
+from tilepilot.experiments import DatasetError, Problem, Status
 from tilepilot.kernels import get_family
-from tilepilot.orchestrator.replay import DATA_DIR, default_dataset, load_dataset
+from tilepilot.orchestrator.replay import DATA_DIR, ReplayDataset, default_dataset, load_dataset
 from tilepilot.orchestrator.tune import TuneOptions, tune
-from tilepilot.storage.queries import best, open_db
+from tilepilot.storage.queries import BestRow, best, open_db
 
 # KERNEL-h100.jsonl.gz; matmul-variants-h100.jsonl.gz is a grid of its own (tests/test_kernels_matmul.py)
 RECORDED = sorted(p.name.split("-h100")[0] for p in DATA_DIR.glob("*-h100.jsonl.gz") if "-variants-" not in p.name)
@@ -43,20 +43,29 @@ def test_each_recording_is_a_full_grid_of_at_least_four_problems_with_a_baseline
         assert {r.env.device for r in ok} == {"NVIDIA H100 80GB HBM3"}
 
 
-@pytest.mark.parametrize("kernel", RECORDED)
-def test_a_replay_campaign_on_each_recording_declares_the_recorded_winners(tmp_path: Path, kernel: str) -> None:
-    family = get_family(kernel)
-    ds = load_dataset(default_dataset(kernel), family)
-    campaign = tmp_path / "c.toml"
-    campaign.write_text(f'[campaign]\nname = "r"\nkernel = "{kernel}"\nproposer = "random"\nbudget = 12\nseed = 3\n')
-    tune(TuneOptions(campaign=campaign, backend="replay", dataset=default_dataset(kernel), db=tmp_path / "t.db"))
+def replayed_winners(tmp_path: Path, campaign: str, ds: ReplayDataset) -> list[tuple[BestRow, Problem]]:
+    """Run the replay campaign `campaign` (a campaign file's text, named "r") on `ds`: one winner
+    per problem, each with its problem, whose recorded time it must be."""
+    family = get_family(ds.kernel)
+    (tmp_path / "c.toml").write_text(campaign)
+    tune(TuneOptions(campaign=tmp_path / "c.toml", backend="replay", dataset=ds.path, db=tmp_path / "t.db"))
     with open_db(tmp_path / "t.db") as db:
         winners = best(db, campaign="r")
     assert len(winners) == len(ds.problems)
+    out = []
     for w in winners:
         problem = next(p for p in ds.problems if p.key() == w.problem_key)
-        record = ds.records(problem)[family.space().parse(w.config)]
-        assert w.median_ms == record.median_ms and w.median_ms >= ds.optimum_ms(problem)
+        assert w.median_ms == ds.records(problem)[family.space().parse(w.config)].median_ms
+        out.append((w, problem))
+    return out
+
+
+@pytest.mark.parametrize("kernel", RECORDED)
+def test_a_replay_campaign_on_each_recording_declares_the_recorded_winners(tmp_path: Path, kernel: str) -> None:
+    ds = load_dataset(default_dataset(kernel), get_family(kernel))
+    campaign = f'[campaign]\nname = "r"\nkernel = "{kernel}"\nproposer = "random"\nbudget = 12\nseed = 3\n'
+    for w, problem in replayed_winners(tmp_path, campaign, ds):
+        assert w.median_ms >= ds.optimum_ms(problem)
         assert w.baseline_ms == ds.baseline(problem)[1].median_ms
 
 
@@ -87,16 +96,8 @@ def test_the_h200_matmul_recording_is_a_full_grid_of_problems_the_h100_grid_lack
         assert len(ok) >= 100 and {r.env.device for r in ok} == {"NVIDIA H200"}
         name, timing = h200.baseline(p) or ("", None)
         assert name == family.baseline_name and timing is not None and timing.median_ms > 0
-    campaign = tmp_path / "c.toml"
-    campaign.write_text('[campaign]\nname = "h"\nkernel = "matmul"\nproposer = "rules"\nbudget = 8\n')
-    tune(TuneOptions(campaign=campaign, backend="replay", dataset=DATA_DIR / "matmul-h200.jsonl.gz",
-                     db=tmp_path / "t.db"))
-    with open_db(tmp_path / "t.db") as db:
-        winners = best(db, campaign="h")
-    assert len(winners) == len(h200.problems)
-    for w in winners:
-        problem = next(p for p in h200.problems if p.key() == w.problem_key)
-        assert w.median_ms == h200.records(problem)[family.space().parse(w.config)].median_ms
+    campaign = '[campaign]\nname = "r"\nkernel = "matmul"\nproposer = "rules"\nbudget = 8\n'
+    replayed_winners(tmp_path, campaign, h200)
 
 
 def test_the_fresh_h100_matmul_recording_is_a_full_grid_of_problems_no_other_grid_holds(tmp_path: Path) -> None:
@@ -123,13 +124,5 @@ def test_the_fresh_h100_matmul_recording_is_a_full_grid_of_problems_no_other_gri
         assert all(family.space().check(c, p) for c, r in records.items() if r.status is Status.INVALID)
         name, timing = fresh.baseline(p) or ("", None)
         assert name == family.baseline_name and timing is not None and timing.median_ms > 0
-    campaign = tmp_path / "c.toml"
-    campaign.write_text('[campaign]\nname = "f"\nkernel = "matmul"\nbudget = 8\n')  # the default proposer
-    tune(TuneOptions(campaign=campaign, backend="replay", dataset=DATA_DIR / "matmul-h100-fresh.jsonl.gz",
-                     db=tmp_path / "t.db"))
-    with open_db(tmp_path / "t.db") as db:
-        winners = best(db, campaign="f")
-    assert len(winners) == len(fresh.problems)
-    for w in winners:
-        problem = next(p for p in fresh.problems if p.key() == w.problem_key)
-        assert w.median_ms == fresh.records(problem)[family.space().parse(w.config)].median_ms
+    campaign = '[campaign]\nname = "r"\nkernel = "matmul"\nbudget = 8\n'  # the default proposer
+    replayed_winners(tmp_path, campaign, fresh)
