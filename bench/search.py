@@ -99,7 +99,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fit_rules import fit, problem_data
 
-from tilepilot.agents.base import Proposer, ProposerContext, SearchState
+from tilepilot.agents.base import HistoryReader, Proposer, ProposerContext, SearchState
 from tilepilot.agents.optuna_gp import GpSettings, OptunaGpProposer
 from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
 from tilepilot.agents.registry import get_proposer
@@ -166,15 +166,15 @@ def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) 
 
 def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, budget: int,
           constants: Constants | None = None, *, first: Sequence[Config] = (),
-          stop_ms: float | None = None) -> Trace:
+          stop_ms: float | None = None, history: HistoryReader | None = None) -> Trace:
     """One campaign of one problem, in process (the driver's propose/observe cycle, see the docstring).
 
     `first`: configs measured first (warm start), the proposer filling the first batch;
-    `stop_ms`: stop once a config is at least this fast.
+    `stop_ms`: stop once a config is at least this fast; `history`: the store the proposer reads.
     """
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
-    p = make_proposer(proposer, ProposerContext(KERNEL, problem, space, seed, budget), constants)
+    p = make_proposer(proposer, ProposerContext(KERNEL, problem, space, seed, budget, history=history), constants)
     state = SearchState()
     configs: list[Config] = []
     times: list[float | None] = []
@@ -589,10 +589,40 @@ def warm_table(result: dict[str, Any]) -> str:
 # proposer's next cold pick, `n` the next winner of the nearest store problems (warm_start's
 # order), `c` the next config of the covering list of every store problem, `s` the same over the
 # NEAR_COVER store problems nearest in log-shape space; "warm" is what warm_start queues today.
-HEADS = ("", "warm", "n", "cc", "cccc", "ssss", "rrrrss", "rrrrssss", "rrrrnn")
+# A head starting with `T` gives the proposer the store as its history (the rules model corrected by
+# the nearest store problem of its regime, see agents/rules.py), the rest of it queued as above:
+# `T` and `Twarm` read a store whose problems each hold what a `rules` campaign of STORE_BUDGET
+# configs measured there, `Tgrid` one that holds every recorded result of each (an upper bound).
+HEADS = ("", "warm", "n", "cc", "cccc", "ssss", "rrrrss", "rrrrssss", "rrrrnn", "T", "Twarm", "Tgrid")
 NEAR_COVER = 8
 HISTORY_BUDGET = 8
+STORE_BUDGET = 32
 _HISTORY: ReplayDataset | None = None
+
+
+class ReplayHistory:
+    """A store of earlier campaigns on replay data (`HistoryReader`): each problem of `sources` (its
+    dataset) holds what a `rules` campaign of `budget` configs (with `constants`) measured there, or
+    every recorded result where `budget` is None. Kernel and device are those of the datasets."""
+
+    def __init__(self, sources: dict[Problem, ReplayDataset], budget: int | None,
+                 constants: Constants | None) -> None:
+        self.sources, self.budget, self.constants = sources, budget, constants
+        self._measured: dict[Problem, list[tuple[Config, float]]] = {}
+
+    def measured_problems(self, kernel: str, device: str) -> list[Problem]:
+        return list(self.sources)
+
+    def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
+        if problem not in self._measured:
+            store = self.sources[problem]
+            if self.budget is None:
+                rows = [(c, r.median_ms) for c, r in store.records(problem).items()]
+            else:
+                trace = drive(store, problem, "rules", 0, self.budget, self.constants)
+                rows = list(zip(trace.configs, trace.times_ms, strict=True))
+            self._measured[problem] = [(c, t) for c, t in rows if t is not None]
+        return self._measured[problem]
 
 
 def cover_list(store: ReplayDataset, problems: Sequence[Problem], fits: Any, size: int) -> list[Config]:
@@ -650,16 +680,24 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
     """(scope, head, problem, seed) -> best regret after HISTORY_BUDGET configs, configs to reach 2%."""
     scope, head, key, seed, others_keys, constants = args
     assert _DATASET is not None
-    store = _HISTORY if scope == "other-device" else _DATASET
+    store = _HISTORY if scope in ("other-device", "same-device") else _DATASET
     assert store is not None
     problem = next(p for p in _DATASET.problems if p.key() == key)
     others = [q for q in store.problems if q.key() in others_keys]
     opt = _DATASET.optimum_ms(problem) or math.inf
     full = len(_DATASET.records(problem))
-    at = drive(_DATASET, problem, "rules", seed, HISTORY_BUDGET, constants,
-               first=history_head(problem, head, store, others, HISTORY_BUDGET, constants))
+    reader, queued = None, head
+    if head.startswith("T"):
+        sources = {q: store for q in others}
+        if scope == "same-device":  # the other problems of the dataset too
+            sources.update({q: _DATASET for q in _DATASET.problems if q != problem})
+        reader = ReplayHistory(sources, None if head == "Tgrid" else STORE_BUDGET, constants)
+        queued = "" if head == "Tgrid" else head[1:]
+    at = drive(_DATASET, problem, "rules", seed, HISTORY_BUDGET, constants, history=reader,
+               first=history_head(problem, queued, store, others, HISTORY_BUDGET, constants) if queued else ())
     reach = drive(_DATASET, problem, "rules", seed, full, constants, stop_ms=opt * (1 + TOLERANCE),
-                  first=history_head(problem, head, store, others, full, constants))
+                  history=reader,
+                  first=history_head(problem, queued, store, others, full, constants) if queued else ())
     target = opt * (1 + TOLERANCE)
     return scope, head, key, seed, best_after(at, HISTORY_BUDGET) / opt - 1.0, configs_to_reach(reach, target)
 
@@ -681,11 +719,23 @@ def history_scopes(dataset: ReplayDataset, history: ReplayDataset | None,
         label = {p.key(): p.label() for p in dataset.problems}
         scopes["other-folds"] = {k: tuple(q for q in keys if fold_of[label[q]] != fold_of[label[k]]) for k in keys}
     if history is not None:
-        scopes["other-device"] = {k: tuple(q.key() for q in history.problems) for k in keys}
+        same = set(history.devices) == set(dataset.devices)
+        scopes["same-device" if same else "other-device"] = {k: tuple(q.key() for q in history.problems)
+                                                             for k in keys}
     return scopes
 
 
+def _runs(head: str, scope: str) -> bool:
+    """Whether a head runs in a scope: the T heads (history read by the proposer) on the campaign's
+    own device only; with another dataset of that device as the store ("same-device", which adds
+    the dataset's other problems to it), the T heads only."""
+    if head.startswith("T"):
+        return scope != "other-device"
+    return scope != "same-device"
+
+
 def run_history(args: argparse.Namespace) -> dict[str, Any]:
+    heads = ("", *args.heads.split(",")) if args.heads else HEADS
     dataset = load_dataset(args.dataset, get_family(KERNEL))
     history = load_dataset(args.history, get_family(KERNEL)) if args.history else None
     scopes = history_scopes(dataset, history, args.protocol)
@@ -696,17 +746,19 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
                                       initargs=(str(args.dataset), args.history or "")) as pool:
         constants = fold_constants(pool, dataset, args.protocol)
         tasks: list[HistoryTask] = [(scope, head, p.key(), s, others[p.key()], constants[p.key()])
-                                    for scope, others in scopes.items() for head in HEADS
+                                    for scope, others in scopes.items() for head in heads
                                     for p in dataset.problems for s in seeds
-                                    if head or scope == next(iter(scopes))]
+                                    if (head or scope == next(iter(scopes))) and (not head or _runs(head, scope))]
         done = pool.map(_history_task, tasks, chunksize=1)
     label = {p.key(): p.label() for p in dataset.problems}
     out: dict[str, Any] = {}
     for scope, others in scopes.items():
-        store = history if scope == "other-device" else dataset
+        store = history if scope in ("other-device", "same-device") else dataset
         assert store is not None
         rows: dict[str, Any] = {}
-        for head in HEADS:
+        for head in heads:
+            if head and not _runs(head, scope):
+                continue
             regret: dict[str, list[float]] = {}
             reach: dict[str, list[float]] = {}
             for sc, hd, key, _s, r, n in done:
@@ -732,10 +784,12 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
         "history": str(args.history or ""),
         "method": __doc__.split("History first (`--arm history`). ")[1].replace("\n", " ").strip(),
         "protocol": args.protocol, "budget": HISTORY_BUDGET, "batch": BATCH, "tolerance": TOLERANCE,
-        "seeds": seeds, "heads": list(HEADS), "near_cover": NEAR_COVER,
+        "seeds": seeds, "heads": list(heads), "near_cover": NEAR_COVER,
         "scopes": {s: "store: " + {"other-problems": "every other problem of the dataset",
                                   "other-folds": "the problems of the other three folds",
-                                  "other-device": f"every problem of {args.history}"}[s] for s in scopes},
+                                  "other-device": f"every problem of {args.history}",
+                                  "same-device": f"every problem of {args.history} and every other problem "
+                                                 "of the dataset (T heads)"}[s] for s in scopes},
         "results": out,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
@@ -760,6 +814,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="search: every proposer's efficiency; warm: warm start against a cold start; "
                         "history: rules with history-first heads at 8 configs")
     p.add_argument("--history", help="--arm history: a dataset of another device read as the store")
+    p.add_argument("--heads", help=f"--arm history: which heads besides cold (default: all of "
+                                   f"{','.join(h for h in HEADS if h)})")
     p.add_argument("--kernel", default="matmul",
                    help="the family whose recorded grid is searched (another than matmul: --protocol shipped)")
     p.add_argument("--dataset", help="default: the family's own H100 grid, e.g. data/replay/matmul-h100.jsonl")
@@ -795,6 +851,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("wrote %s (%.0f s)", args.out, result["wall_s"])
         return 0
     if args.arm == "history":
+        bad = [h for h in (args.heads or "").split(",") if args.heads and h not in HEADS[1:]]
+        if bad:
+            p.error(f"unknown --heads {bad[0]!r} (allowed: {', '.join(HEADS[1:])})")
         args.out = args.out or "bench/results/warm-start-history-h100.json"
         result = run_history(args)
         Path(args.out).write_text(json.dumps(_finite(result), indent=1) + "\n")

@@ -342,3 +342,70 @@ def test_configs_that_differ_only_in_an_inert_parameter_come_after_every_other()
     assert distinct == len(tiles) == 40  # no stage-only sibling while other tiles are left
     everything = drive(rules(UNALIGNED), budget=len(list(UNCHECKED)), answer=lambda c: timed(UNALIGNED, c, 1.0))
     assert len(everything.results) > distinct  # the siblings still come, last: the search stays exhaustive
+
+
+# ---- history: the nearest problem of the store in this problem's regime corrects the model ----------
+class History:
+    """A store's results as the driver hands them to a proposer (`HistoryReader`), from a dict."""
+
+    def __init__(self, results: dict[Problem, dict[Config, float]]) -> None:
+        self.results = results
+        self.asked: list[Problem] = []
+
+    def measured_problems(self, kernel: str, device: str) -> list[Problem]:
+        return list(self.results)
+
+    def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
+        self.asked.append(problem)
+        return list(self.results[problem].items())
+
+
+NEAR = Problem.of({"M": 4096, "N": 4096, "K": 2048, "dtype": "bf16"})  # vectorised, like SQUARE
+FAR = Problem.of({"M": 512, "N": 512, "K": 512, "dtype": "bf16"})  # vectorised, farther from SQUARE
+ELEMENT_WISE = Problem.of({"M": 4096, "N": 4096, "K": 4100, "dtype": "bf16"})  # A element by element
+
+
+def with_history(history: History, problem: Problem = SQUARE) -> RulesProposer:
+    return RulesProposer(ProposerContext("matmul", problem, UNCHECKED, seed=0, budget=200, history=history))
+
+
+def _slow_wide_tiles(problem: Problem) -> dict[Config, float]:
+    """SYNTHETIC results of `problem`: the model's time, 3x slower for BLOCK_SIZE_N >= 128."""
+    truth = {}
+    for c in UNCHECKED:
+        e = estimate(problem, c)
+        if e.launches:
+            truth[c] = e.predicted_ms * (3.0 if int(c["BLOCK_SIZE_N"]) >= 128 else 1.0)
+    return truth
+
+
+def test_results_of_the_nearest_problem_in_the_same_regime_correct_the_model_before_any_result() -> None:
+    cold = rules().propose(SearchState(), 4)
+    assert all(int(c.config["BLOCK_SIZE_N"]) >= 128 for c in cold)  # the model's favourites
+    history = History({FAR: {c: 1.0 for c in list(_slow_wide_tiles(FAR))[:8]}, NEAR: _slow_wide_tiles(NEAR),
+                       ELEMENT_WISE: _slow_wide_tiles(ELEMENT_WISE)})
+    p = with_history(history)
+    warm = p.propose(SearchState(), 4)
+    assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in warm), [c.config.label() for c in warm]
+    assert history.asked == [NEAR]  # the nearest of its regime, read once
+    assert "by the results of M=4096 N=4096 K=2048 bf16" in warm[0].rationale
+    note = p.drain_records().notes
+    assert note == (f"rules: the tile model for {SQUARE.label()} corrected by {len(history.results[NEAR])} "
+                    f"results of {NEAR.label()}, the nearest problem the store holds with vectorised operands",)
+    assert not p.drain_records().notes  # handed over once
+    # the correction is the neighbour's pattern, not its scale: the wide tiles, not every config
+    wide, narrow = cfg(128, 128, 64, 8, 3), cfg(128, 64, 64, 8, 3)
+    assert p.prior_ms(wide) / rules().prior_ms(wide) > 1.5 * p.prior_ms(narrow) / rules().prior_ms(narrow)
+
+
+def test_history_of_another_regime_of_the_problem_itself_or_too_few_results_is_not_read() -> None:
+    own = {c: 1.0 for c in UNCHECKED}
+    few = dict(list(_slow_wide_tiles(NEAR).items())[:3])
+    history = History({ELEMENT_WISE: _slow_wide_tiles(ELEMENT_WISE), SQUARE: own, NEAR: few})
+    p = with_history(history)
+    cold = rules()
+    assert [c.config for c in p.propose(SearchState(), 6)] == [c.config for c in cold.propose(SearchState(), 6)]
+    assert history.asked == [NEAR] and not p.drain_records().notes  # three results are too few
+    q = with_history(History({NEAR: _slow_wide_tiles(NEAR)}), problem=ELEMENT_WISE)
+    assert q.prior_ms(cfg(128, 128, 64, 8, 3)) == RulesProposer(
+        ProposerContext("matmul", ELEMENT_WISE, UNCHECKED, seed=0, budget=200)).prior_ms(cfg(128, 128, 64, 8, 3))

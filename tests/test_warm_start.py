@@ -197,3 +197,25 @@ def test_warm_candidates_go_in_the_order_the_proposer_predicts_when_it_predicts_
     # a proposer that predicts nothing (random), or not every config, leaves the order alone
     assert by_prediction(cands, lambda cs: [(None, "")] * len(cs)) == cands
     assert by_prediction(cands, lambda cs: [(1.0, "a"), (None, "")]) == cands
+
+
+def test_the_store_hands_a_rules_campaign_the_results_of_nearby_problems_unless_cold(setup, capsys):
+    db, root = setup["db"], setup["root"]
+    with Store(db) as store:
+        assert sorted(p.label() for p in store.measured_problems("matmul", "synthetic device")) == sorted(
+            problem(p).label() for p in (P1, P2))
+        assert store.measured_problems("matmul", "another device") == []
+        measured = store.measured("matmul", "synthetic device", problem(P1))
+        assert len(measured) == 8 and all(ms == synthetic_ms(P1, dict(c)) for c, ms in measured)
+    tune(TuneOptions(campaign=write_campaign(root / "b.toml", "b", [P3], proposer="rules"), backend="replay",
+                     dataset=setup["dataset"], db=db))
+    own = [t for t in trials(db, "b") if t[0] == "rules"]
+    assert own and any("by the results of M=512 N=512 K=512 fp16" in t[1] for t in own)
+    with Store(db) as store:
+        notes = [m for (m,) in store.db.execute("SELECT message FROM events WHERE kind = 'proposer'")]
+    assert notes == ["rules: the tile model for M=1024 N=512 K=512 fp16 corrected by 8 results of "
+                     "M=512 N=512 K=512 fp16, the nearest problem the store holds with vectorised operands"]
+    code = main(["tune", str(write_campaign(root / "c.toml", "c", [P3], proposer="rules")), "--backend", "replay",
+                 "--dataset", str(setup["dataset"]), "--db", str(db), "--cold"])
+    assert code == 0, capsys.readouterr().err
+    assert not [t for t in trials(db, "c") if "by the results of" in t[1]]

@@ -47,6 +47,14 @@ class LedgerReader(Protocol):
     def learnings(self, *, kernel: str | None = None, device: str | None = None) -> list[LearningRow]: ...
 
 
+class HistoryReader(Protocol):
+    """Read-only access to the results the store holds (what the driver lets proposers consult)."""
+
+    def measured_problems(self, kernel: str, device: str) -> list[Problem]: ...
+
+    def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]: ...
+
+
 @dataclass(frozen=True)
 class ProposerContext:
     kernel: str
@@ -57,6 +65,7 @@ class ProposerContext:
     device: str = ""  # the device the results come from ("" where unknown)
     ledger: LedgerReader | None = None  # hypotheses and learnings so far (None: none to consult)
     members: tuple[str, ...] = ()  # a portfolio's member proposers, from the campaign (empty: its defaults)
+    history: HistoryReader | None = None  # results of earlier campaigns (None: a cold start)
 
 
 @dataclass(frozen=True)

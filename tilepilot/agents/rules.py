@@ -19,6 +19,13 @@ so far (the next choice up or down), the one with the best corrected score. The 
 wrong about a whole region (on 3000x5000x1000 fp16 it put 64-wide N tiles 40% slower than 128,
 the reverse of the measurements), and a neighbour of the best measured config is where a model
 error costs most.
+History: where the store holds results of another problem whose operands load the same way (the
+tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both element by
+element), the nearest such problem (log-shape distance) corrects the model before this problem's
+first result: its residuals (log measured over modelled, less their median) fitted by a GP with
+the noise `TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
+problems of one regime (on the element-wise 1500x1500x1500 and 3000x5000x1000 fp16 it puts
+128x64x32 with 4 warps 2.4x slower than it runs, and on both that config is the fastest).
 Each candidate carries `predicted_ms` and a one-line rationale: the reason from the model and
 a falsifiable hypothesis (the time range it expects). Spaces without tile parameters get no
 model (a flat prior) and the GP alone.
@@ -35,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tilepilot.agents.base import Proposer, ProposerContext, SearchState
+from tilepilot.agents.base import Proposer, ProposerContext, ProposerRecords, SearchState
 from tilepilot.agents.residual_gp import GpSettings, ResidualGp
 from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline
 from tilepilot.agents.rules_text import describe
@@ -58,6 +65,8 @@ log = logging.getLogger(__name__)
 OUT_OF_RESOURCES_PENALTY = math.log(1e6)  # ranks a config last
 FAILED_SHAPE_PENALTY = math.log(4.0)  # added to the log-prediction of a config near a failure
 PREDICT_ROWS = 16384  # the GP predicts the pool in chunks of this many configs (bounded memory)
+TRANSFER_NOISE_VAR = 0.05  # log units²: how loosely another problem's residual stands for this one's
+TRANSFER_MIN_RESULTS = 4  # results a problem of the store needs before its residuals are read
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,11 @@ class RulesProposer(Proposer):
         self._smem_cap: int | None = None  # least shared memory seen to fail with out_of_resources
         self._picks = 0  # proposals made, for the local-step rhythm
         self._bad_shapes: set[tuple[int, int, int, int]] = set()
+        self._transfer: ResidualGp | None = None  # the GP over the source problem's residuals
+        self._source: tuple[Problem, int] | None = None  # the problem the correction comes from, its results
+        self._shifts: dict[Config, float] = {}  # the correction of each config asked for
+        self._transfer_read = False
+        self._notes: list[str] = []
 
     # ---- the contract --------------------------------------------------------------
     def propose(self, state: SearchState, n: int) -> list[Candidate]:
@@ -172,6 +186,10 @@ class RulesProposer(Proposer):
             out[i] = (predicted * math.exp(penalty), reason)
         return out
 
+    def drain_records(self) -> ProposerRecords:
+        notes, self._notes = tuple(self._notes), []
+        return ProposerRecords(notes=notes)
+
     # ---- the model -----------------------------------------------------------------
     def estimate(self, config: Config) -> Estimate | None:
         """The tile model's estimate of a config, None in a space without a tile model."""
@@ -192,7 +210,65 @@ class RulesProposer(Proposer):
 
     def _log_model(self, config: Config) -> float:
         est = self.estimate(config)
-        return 0.0 if est is None else math.log(est.predicted_ms)
+        return 0.0 if est is None else math.log(est.predicted_ms) + self._shift(config)
+
+    # ---- history -------------------------------------------------------------------
+    def _read_history(self) -> None:
+        """The correction from the nearest problem of the store in this problem's regime (see the
+        module docstring); none without history, without a tile model, or with no such problem."""
+        if self._transfer_read:
+            return
+        self._transfer_read = True
+        history, p = self.ctx.history, self.ctx.problem
+        if history is None or not self._modelled:
+            return
+        kernel, device, regime = self.ctx.kernel, self.ctx.device, element_wise_operands(p)
+        alike = [q for q in history.measured_problems(kernel, device)
+                 if q != p and gemm_dims(q) is not None and element_wise_operands(q) == regime]
+        for q in sorted(alike, key=lambda q: (_shape_distance(p, q), q.key())):
+            xs: list[tuple[float, ...]] = []
+            ys: list[float] = []
+            for config, ms in history.measured(kernel, device, q):
+                x, tile = self._coords(config), tile_of(config)
+                if x is None or tile is None or not ms > 0:
+                    continue
+                est = estimate_tile(q, tile, self.device, self.constants)
+                if est.launches and math.isfinite(est.predicted_ms):
+                    xs.append(x)
+                    ys.append(math.log(ms) - math.log(est.predicted_ms))
+            if len(ys) < TRANSFER_MIN_RESULTS:
+                continue
+            middle = float(np.median(ys))
+            s = self._gp_settings()
+            gp = ResidualGp(GpSettings(lengthscales=s.lengthscales, signal_var=s.signal_var, offset_var=0.0,
+                                       noise_var=TRANSFER_NOISE_VAR))
+            gp.fit(xs, [y - middle for y in ys])
+            self._transfer, self._source = gp, (q, len(ys))
+            loads = ", ".join(regime) + " element by element" if regime else "vectorised operands"
+            self._notes.append(f"rules: the tile model for {p.label()} corrected by {len(ys)} results of "
+                               f"{q.label()}, the nearest problem the store holds with {loads}")
+            return
+
+    def _shift(self, config: Config) -> float:
+        """The history's correction of the model's log-time for a config (0 without one)."""
+        self._read_history()
+        if self._transfer is None:
+            return 0.0
+        shift = self._shifts.get(config)
+        if shift is None:
+            x = self._coords(config)
+            shift = 0.0 if x is None else float(self._transfer.predict([x])[0][0])
+            self._shifts[config] = shift
+        return shift
+
+    def _shift_all(self, configs: Sequence[Config], coords: np.ndarray) -> np.ndarray:
+        """The correction of each config of the pool (their coordinates given), in chunks."""
+        self._read_history()
+        if self._transfer is None or not len(configs):
+            return np.zeros(len(configs))
+        shifts = _predict(self._transfer, coords)[0]
+        self._shifts.update(zip(configs, (float(v) for v in shifts), strict=True))
+        return shifts
 
     def _rank_key(self, config: Config) -> float:
         """The log-prediction plus what the failures seen so far say about the config."""
@@ -230,6 +306,10 @@ class RulesProposer(Proposer):
                         found.append((key, base + offset, config, _tuple(in_order(tile_steps + rest_steps))))
             if skipped:
                 log.debug("rules: %d tiles of %s cannot launch by the resource model", skipped, problem.label())
+            steps = np.array([f[3] for f in found], dtype=np.int64).reshape(len(found), len(params))
+            coords = _positions(steps, self._grades) / np.asarray(self._scales, dtype=float)
+            shifts = self._shift_all([f[2] for f in found], coords)
+            found = [(key + float(shift), *rest) for (key, *rest), shift in zip(found, shifts, strict=True)]
             found.sort(key=lambda f: (f[0], f[1]))
             self._pool = _Pool.of([f[2] for f in found], np.array([f[0] for f in found], dtype=float),
                                   np.array([f[3] for f in found], dtype=np.int64).reshape(len(found), len(params)),
@@ -387,10 +467,12 @@ class RulesProposer(Proposer):
             reason = "no tile model for this space"
         else:
             reason = describe(est, self.roofline, self.device) + self._device_note
+        if self._source is not None and est is not None and abs(shift := self._shift(config)) >= 0.01:
+            reason += f"; model ×{math.exp(shift):.2f} by the results of {self._source[0].label()}"
         if self._penalty(config):
             reason += "; ranked down: near a config that failed to run"
         if measured:
-            prior = est.predicted_ms if est else 1.0
+            prior = self.prior_ms(config) if est else 1.0
             reason += f"; model ×{predicted / prior:.2f} after {measured} measured"
         lo, hi = predicted * math.exp(-2 * std), predicted * math.exp(2 * std)
         if est is None and not measured:
@@ -477,6 +559,15 @@ def _predict(gp: ResidualGp, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return gp.predict(x)
     parts = [gp.predict(x[i:i + PREDICT_ROWS]) for i in range(0, len(x), PREDICT_ROWS)]
     return np.concatenate([m for m, _ in parts]), np.concatenate([s for _, s in parts])
+
+
+def _shape_distance(a: Problem, b: Problem) -> float:
+    """Distance of two GEMM problems in log-shape space: log2 ratios of M, N and K, and 1 where the
+    element sizes differ (as warm start measures nearness)."""
+    da, db = gemm_dims(a), gemm_dims(b)
+    assert da is not None and db is not None
+    d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:3], db[:3], strict=True))
+    return math.sqrt(d2 + (da[3] != db[3]))
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]

@@ -108,6 +108,7 @@ class Driver:
         first: tuple[Config, ...] = (),
         on_progress: ProgressFn | None = None,
         warm_start: bool = False,
+        history: bool | None = None,
     ) -> None:
         self.campaign = campaign
         self.family = family
@@ -125,7 +126,8 @@ class Driver:
             space = listed.setdefault(spaces[problem], ListedSpace.of(spaces[problem]))
             ctx = ProposerContext(kernel=campaign.kernel, problem=problem, space=space,
                                   seed=campaign.seed, budget=campaign.budget,
-                                  device=executor.environment.device, ledger=ledger, members=campaign.members)
+                                  device=executor.environment.device, ledger=ledger, members=campaign.members,
+                                  history=ledger if (warm_start if history is None else history) else None)
             self.runs[problem] = ProblemRun(problem, space, proposer_cls(ctx))
         self.candidates: dict[int, Candidate] = {}  # queue id -> candidate, for queued/running rows
         self._next_batch = 0
@@ -744,7 +746,8 @@ class Driver:
 
 
 class LedgerView:
-    """The store's ledger reads and nothing else: what proposers may consult (agents never write)."""
+    """The store's ledger and result reads and nothing else: what proposers may consult (agents
+    never write)."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -755,6 +758,12 @@ class LedgerView:
 
     def learnings(self, *, kernel: str | None = None, device: str | None = None) -> list[LearningRow]:
         return self._store.learnings(kernel=kernel, device=device)
+
+    def measured_problems(self, kernel: str, device: str) -> list[Problem]:
+        return self._store.measured_problems(kernel, device)
+
+    def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
+        return self._store.measured(kernel, device, problem)
 
 
 def _pick(heads: list[tuple[int, str]], batch_size: int) -> list[int]:

@@ -193,7 +193,7 @@ def tune(opts: TuneOptions, *, on_progress: ProgressFn | None = None) -> Outcome
             try:
                 driver = Driver(p.campaign, p.family, store, executor, spaces=p.spaces,
                                 campaign_id=campaign_id, first=p.first, on_progress=on_progress,
-                                warm_start=not (opts.cold or opts.resume))
+                                warm_start=not (opts.cold or opts.resume), history=not opts.cold)
                 winners = driver.run()
             except BaseException:
                 store.set_campaign_state(campaign_id, "interrupted")

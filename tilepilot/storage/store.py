@@ -635,6 +635,25 @@ class Store:
         return [WinnerSource(Problem.of(loads(r["problem"])), Config.of(loads(r["config"])), float(r["median_ms"]),
                              r["campaign"], r["torch"], r["triton"], float(r["decided_at"])) for r in rows]
 
+    def measured_problems(self, kernel: str, device: str) -> list[Problem]:
+        """The problems of `kernel` with at least one `ok` result measured on `device`, by key."""
+        rows = self._rows(
+            "SELECT e.problem_key, MIN(e.problem) AS problem FROM experiments e "
+            "JOIN results r ON r.experiment_key = e.key WHERE e.kernel = ? AND e.device = ? AND r.status = ? "
+            "AND r.median_ms IS NOT NULL GROUP BY e.problem_key ORDER BY e.problem_key", [kernel, device, "ok"])
+        return [Problem.of(loads(r["problem"])) for r in rows]
+
+    def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
+        """Every config of `kernel` with an `ok` result for `problem` on `device` and its median time;
+        a config measured more than once (another toolchain or kernel version) by its latest result."""
+        rows = self._rows(
+            "SELECT e.config, e.config_key, r.median_ms FROM experiments e "
+            "JOIN results r ON r.experiment_key = e.key WHERE e.kernel = ? AND e.device = ? AND e.problem_key = ? "
+            "AND r.status = ? AND r.median_ms IS NOT NULL ORDER BY r.measured_at, e.key",
+            [kernel, device, problem.key(), "ok"])
+        latest = {r["config_key"]: (Config.of(loads(r["config"])), float(r["median_ms"])) for r in rows}
+        return [latest[k] for k in sorted(latest)]
+
     # -- events, GPU samples, winners ----------------------------------------------------------
 
     def log_event(self, kind: str, message: str, *, campaign_id: int | None = None,
