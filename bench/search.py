@@ -60,7 +60,10 @@ the winners of the nearest other problems in log-shape space, each taken as the 
 optimum of that problem, as if the store held a campaign that found it; never the problem's own
 data (leave one problem out; no learnings, the store of this benchmark holds none), in the order
 of the proposer's predictions where it predicts them all (`warm_start.by_prediction`, as the driver
-orders them). They count against the budget like any trial. Measure: distinct configs until one is within 2% of the
+orders them). They count against the budget like any trial. The warm proposer also reads the store
+as its history (`rules`, alone or in the portfolio, corrects its model by the nearest store problem
+of its regime): there each other problem holds what a `rules` campaign of STORE_BUDGET configs
+measured (`ReplayHistory`). Measure: distinct configs until one is within 2% of the
 optimum (`to_2pct`), the median over seeds per problem, then the median, mean and worst over
 problems; target: warm at most half of cold. A run stops once it reaches the target (the count
 depends only on what came before); the proposers are built with the whole grid as budget.
@@ -507,9 +510,12 @@ def _warm_task(args: WarmTask) -> tuple[str, str, int, str, float, float]:
     problem = next(p for p in _DATASET.problems if p.key() == problem_key)
     budget = len(_DATASET.records(problem))
     first = [c.config for c in warm_configs(_DATASET, problem, budget)] if arm == "warm" else []
+    history = (ReplayHistory({q: _DATASET for q in _DATASET.problems if q != problem}, STORE_BUDGET, constants)
+               if arm == "warm" else None)
     target = (_DATASET.optimum_ms(problem) or math.inf) * (1 + TOLERANCE)
     t0 = time.perf_counter()
-    trace = drive(_DATASET, problem, proposer, seed, budget, constants, first=first, stop_ms=target)
+    trace = drive(_DATASET, problem, proposer, seed, budget, constants, first=first, stop_ms=target,
+                  history=history)
     return proposer, problem_key, seed, arm, configs_to_reach(trace, target), time.perf_counter() - t0
 
 

@@ -24,8 +24,9 @@ tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both 
 element), the nearest such problem (log-shape distance) corrects the model before this problem's
 first result: its residuals (log measured over modelled, less their median) fitted by a GP with
 the noise `TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
-problems of one regime (on the element-wise 1500x1500x1500 and 3000x5000x1000 fp16 it puts
-128x64x32 with 4 warps 2.4x slower than it runs, and on both that config is the fastest).
+problems of one regime: with constants fitted on neither, the element-wise 1500x1500x1500 and
+3000x5000x1000 fp16 run 128x64x32 with 4 warps 2.1x and 2.4x faster than modelled, and on both
+it is the fastest config.
 Each candidate carries `predicted_ms` and a one-line rationale: the reason from the model and
 a falsifiable hypothesis (the time range it expects). Spaces without tile parameters get no
 model (a flat prior) and the GP alone.
