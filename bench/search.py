@@ -169,10 +169,11 @@ def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) 
 
 def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, budget: int,
           constants: Constants | None = None, *, first: Sequence[Config] = (),
-          stop_ms: float | None = None, history: HistoryReader | None = None) -> Trace:
+          stop_ms: float | None = None, history: HistoryReader | None = None, bounded: bool = False) -> Trace:
     """One campaign of one problem, in process (the driver's propose/observe cycle, see the docstring).
 
-    `first`: configs measured first (warm start), the proposer filling the first batch;
+    `first`: configs measured first (warm start), the proposer filling the first batch; `bounded`:
+    only those it predicts no slower than its own first pick (as the driver queues a warm start);
     `stop_ms`: stop once a config is at least this fast; `history`: the store the proposer reads.
     """
     family = get_family(KERNEL)
@@ -181,7 +182,8 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     state = SearchState()
     configs: list[Config] = []
     times: list[float | None] = []
-    head = by_prediction([Candidate(problem, c, "warm-start", "") for c in first], p.score)[:budget]
+    head = by_prediction([Candidate(problem, c, "warm-start", "") for c in first], p.score,
+                         p.best_prediction() if bounded else None)[:budget]
     try:
         while len(configs) < budget:
             if stop_ms is not None and any(t is not None and t <= stop_ms for t in times):
@@ -515,7 +517,7 @@ def _warm_task(args: WarmTask) -> tuple[str, str, int, str, float, float]:
     target = (_DATASET.optimum_ms(problem) or math.inf) * (1 + TOLERANCE)
     t0 = time.perf_counter()
     trace = drive(_DATASET, problem, proposer, seed, budget, constants, first=first, stop_ms=target,
-                  history=history)
+                  history=history, bounded=True)
     return proposer, problem_key, seed, arm, configs_to_reach(trace, target), time.perf_counter() - t0
 
 
@@ -599,7 +601,11 @@ def warm_table(result: dict[str, Any]) -> str:
 # the nearest store problem of its regime, see agents/rules.py), the rest of it queued as above:
 # `T` and `Twarm` read a store whose problems each hold what a `rules` campaign of STORE_BUDGET
 # configs measured there, `Tgrid` one that holds every recorded result of each (an upper bound).
-HEADS = ("", "warm", "n", "cc", "cccc", "ssss", "rrrrss", "rrrrssss", "rrrrnn", "T", "Twarm", "Tgrid")
+# `warm` and `Twarm` queue what warm start queues: of its configs those the proposer predicts no
+# slower than its own first pick (`warm_start.by_prediction`); `warmall` and `Twarmall` all of them
+# (warm start before that bound).
+HEADS = ("", "warm", "n", "cc", "cccc", "ssss", "rrrrss", "rrrrssss", "rrrrnn", "T", "Twarm", "Tgrid",
+         "warmall", "Twarmall")
 NEAR_COVER = 8
 HISTORY_BUDGET = 8
 STORE_BUDGET = 32
@@ -661,7 +667,7 @@ def history_head(problem: Problem, head: str, store: ReplayDataset, others: Sequ
     sources = [recorded_winner(store, q) for q in others]
     warm = [c.config for c in warm_candidates(problem, space, sources, budget=budget, torch=env.torch,
                                               triton=env.triton, exclude_self=True)]
-    if head == "warm":
+    if head in ("warm", "warmall"):
         return warm
     fits = lambda c: _fits(space, problem, c) is not None  # noqa: E731
     nearest = sorted(others, key=lambda q: (distance(problem, q), q.key()))[:NEAR_COVER]
@@ -699,10 +705,11 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
             sources.update({q: _DATASET for q in _DATASET.problems if q != problem})
         reader = ReplayHistory(sources, None if head == "Tgrid" else STORE_BUDGET, constants)
         queued = "" if head == "Tgrid" else head[1:]
-    at = drive(_DATASET, problem, "rules", seed, HISTORY_BUDGET, constants, history=reader,
+    bounded = queued == "warm"  # as the driver queues a warm start; "warmall": all of it first (before)
+    at = drive(_DATASET, problem, "rules", seed, HISTORY_BUDGET, constants, history=reader, bounded=bounded,
                first=history_head(problem, queued, store, others, HISTORY_BUDGET, constants) if queued else ())
     reach = drive(_DATASET, problem, "rules", seed, full, constants, stop_ms=opt * (1 + TOLERANCE),
-                  history=reader,
+                  history=reader, bounded=bounded,
                   first=history_head(problem, queued, store, others, full, constants) if queued else ())
     target = opt * (1 + TOLERANCE)
     return scope, head, key, seed, best_after(at, HISTORY_BUDGET) / opt - 1.0, configs_to_reach(reach, target)

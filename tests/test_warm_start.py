@@ -219,3 +219,34 @@ def test_the_store_hands_a_rules_campaign_the_results_of_nearby_problems_unless_
                  "--dataset", str(setup["dataset"]), "--db", str(db), "--cold"])
     assert code == 0, capsys.readouterr().err
     assert not [t for t in trials(db, "c") if "by the results of" in t[1]]
+
+
+def test_a_proposer_that_predicts_takes_first_only_the_winners_it_predicts_no_slower_than_its_own_pick():
+    from tilepilot.orchestrator.warm_start import by_prediction
+
+    cands = warm_candidates(problem(P1), get_family("matmul").space(),
+                            [source(P3, cfg()), source(P2, cfg(BLOCK_SIZE_N=128))], budget=40)
+    times = {64: 2.0, 128: 1.0}
+    score = lambda cs: [(times[c["BLOCK_SIZE_N"]], "model") for c in cs]  # noqa: E731
+    assert [c.config["BLOCK_SIZE_N"] for c in by_prediction(cands, score)] == [128, 64]
+    assert [c.config["BLOCK_SIZE_N"] for c in by_prediction(cands, score, best=1.5)] == [128]
+    kept = by_prediction(cands, score, best=1.0)
+    assert len(kept) == 1 and "queued 1 of 1" in kept[0].rationale
+    assert by_prediction(cands, score, best=0.5) == []
+    assert by_prediction(cands[:1], score, best=1.5) == []  # one candidate is checked too
+
+
+def test_a_rules_campaign_queues_first_only_the_winners_its_model_puts_level_with_its_own_pick(setup):
+    db = setup["db"]
+    with Store(db) as store:
+        fit = warm_candidates(problem(P3), get_family("matmul").space(), store.winners_of("matmul", "synthetic device"),
+                              budget=8)
+    assert len(fit) == 2  # the winners of P1 and P2 both fit
+    out = tune(TuneOptions(campaign=write_campaign(setup["root"] / "b.toml", "b", [P3], proposer="rules"),
+                           backend="replay", dataset=setup["dataset"], db=db))
+    with Store(db) as store:
+        events = [m for (m,) in store.db.execute("SELECT message FROM events WHERE kind = 'warm_start' "
+                                                 "AND campaign_id = ?", [out.campaign_id])]
+    warm = [t for t in trials(db, "b") if t[0] == "warm-start"]
+    assert len(warm) == 1 and "queued 1 of 1: rules predicts" in warm[0][1]
+    assert len(events) == 1 and events[0].startswith("M=1024 N=512 K=512 fp16: 1 config(s) first")

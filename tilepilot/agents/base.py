@@ -156,6 +156,12 @@ class Proposer(ABC):
         """What the proposer recorded since the last call, handed over once. The default: nothing."""
         return ProposerRecords()
 
+    def best_prediction(self) -> float | None:
+        """The time `score` predicts for the config the proposer would propose first now, or None
+        where it predicts nothing (the default). Warm start queues a winner of a nearby problem
+        first only where `score` puts it no slower than this."""
+        return None
+
     def score(self, configs: Sequence[Config]) -> list[tuple[float | None, str]]:
         """Predicted median_ms of each config with a one-line reason; (None, "") where the proposer
         cannot tell. The default predicts nothing."""

@@ -170,6 +170,14 @@ class PortfolioProposer(Proposer):
                     out[i] = got
         return out
 
+    def best_prediction(self) -> float | None:
+        """The first member's (in member order) that makes one: the member `score` asks first."""
+        for m in self.members:
+            best = m.proposer.best_prediction()
+            if best is not None:
+                return best
+        return None
+
     def drain_records(self) -> ProposerRecords:
         out = ProposerRecords(notes=tuple(self._notes))
         self._notes = []

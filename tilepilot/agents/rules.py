@@ -187,6 +187,14 @@ class RulesProposer(Proposer):
             out[i] = (predicted * math.exp(penalty), reason)
         return out
 
+    def best_prediction(self) -> float | None:
+        """The corrected prediction of the pool's first config (the model's, the history's and the
+        failures' ranking; the GP's correction once results arrive is not in it)."""
+        pool = self._pool_of()
+        if not self._modelled or not len(pool.configs):
+            return None
+        return math.exp(float(pool.prior[0]))
+
     def drain_records(self) -> ProposerRecords:
         notes, self._notes = tuple(self._notes), []
         return ProposerRecords(notes=notes)

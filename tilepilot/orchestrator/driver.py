@@ -264,12 +264,13 @@ class Driver:
         rules = [Rule(row.learning, statements[row.learning.hypothesis_id])
                  for row in self.store.learnings(kernel=kernel, device=env.device)
                  if row.learning.hypothesis_id in statements]
-        queued = 0
+        queued = fitting = 0
         for run in self.runs.values():
             room = self.campaign.budget - run.counted - len(run.state.pending)
             cands = warm_candidates(run.problem, run.space, winners, rules, budget=self.campaign.budget,
                                     torch=env.torch, triton=env.triton, skip=run.state.seen)
-            cands = by_prediction(cands, run.proposer.score)[:max(0, room)]
+            fitting += len(cands)
+            cands = by_prediction(cands, run.proposer.score, run.proposer.best_prediction())[:max(0, room)]
             if not cands:
                 continue
             queued += len(cands)
@@ -281,7 +282,8 @@ class Driver:
                                      "configs": [{"config": c.config.as_dict(), "source": c.rationale} for c in cands]})
         if not queued:
             why = (f"no winner of {kernel} on {env.device} in the store" if not winners
-                   else "no winner of a nearby problem fits this campaign's spaces")
+                   else "no winner of a nearby problem fits this campaign's spaces" if not fitting
+                   else "the proposer predicts none of the nearby winners as fast as its own first pick")
             self.store.log_event("warm_start", f"starting cold: {why}", campaign_id=self.campaign_id,
                                  data={"configs": []})
 

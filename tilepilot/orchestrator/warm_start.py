@@ -13,7 +13,11 @@ Every config is checked against the new problem's space (choices and constraints
 `limit(budget)` are queued, and they count against the budget like any trial. Where the
 campaign's proposer predicts a time for every one of them (`Proposer.score`: rules' tile model
 does), they go in the order of its predictions instead (`by_prediction`): the nearest problem's
-winner is not always the best of them on the new shape.
+winner is not always the best of them on the new shape; and only those it predicts no slower than
+its own first pick (`Proposer.best_prediction`) go first: the rest are left to its ranking, since
+on recorded grids a winner that the model ranks below its own picks costs a slot of a small
+budget more often than it finds the optimum (bench/search.py --arm history, heads warm and
+warmall).
 """
 
 from __future__ import annotations
@@ -113,15 +117,19 @@ def warm_candidates(problem: Problem, space: SearchSpace, winners: Sequence[Winn
 Score = Callable[[Sequence[Config]], list[tuple[float | None, str]]]
 
 
-def by_prediction(cands: Sequence[Candidate], score: Score) -> list[Candidate]:
+def by_prediction(cands: Sequence[Candidate], score: Score, best: float | None = None) -> list[Candidate]:
     """The warm-start candidates fastest-predicted first, when `score` (a proposer's) predicts every
-    one of them; else as they are. Ties keep their order (nearest problem first)."""
-    scores = score([c.config for c in cands]) if len(cands) > 1 else []
+    one of them; else as they are. Ties keep their order (nearest problem first). With `best` (the
+    proposer's prediction of its own first pick, `Proposer.best_prediction`), only those predicted
+    no slower than that: the others are left to the proposer's own ranking."""
+    scores = score([c.config for c in cands]) if len(cands) > 1 or best is not None else []
     if not scores or any(ms is None for ms, _ in scores):
         return list(cands)
     order = sorted(range(len(cands)), key=lambda i: (scores[i][0], i))
+    if best is not None:
+        order = [i for i in order if (scores[i][0] or math.inf) <= best]
     return [replace(cands[i], predicted_ms=scores[i][0],
-                    rationale=f"{cands[i].rationale}; queued {rank} of {len(cands)}: "
+                    rationale=f"{cands[i].rationale}; queued {rank} of {len(order)}: "
                               f"{scores[i][1] or f'predicted {scores[i][0]:.3g} ms'}")
             for rank, i in enumerate(order, start=1)]
 
