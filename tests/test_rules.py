@@ -409,3 +409,17 @@ def test_history_of_another_regime_of_the_problem_itself_or_too_few_results_is_n
     q = with_history(History({NEAR: _slow_wide_tiles(NEAR)}), problem=ELEMENT_WISE)
     assert q.prior_ms(cfg(128, 128, 64, 8, 3)) == RulesProposer(
         ProposerContext("matmul", ELEMENT_WISE, UNCHECKED, seed=0, budget=200)).prior_ms(cfg(128, 128, 64, 8, 3))
+
+
+def test_a_store_problem_with_more_results_than_the_gp_takes_is_read_every_kth(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tilepilot.agents.rules as rules_module
+
+    monkeypatch.setattr(rules_module, "TRANSFER_MAX_RESULTS", 10)
+    results = _slow_wide_tiles(NEAR)
+    p = with_history(History({NEAR: results}))
+    assert len(results) > 20
+    p.propose(SearchState(), 1)
+    read = len(list(results)[::math.ceil(len(results) / 10)])
+    assert read <= 10
+    assert p.drain_records().notes[0].startswith(f"rules: the tile model for {SQUARE.label()} corrected by "
+                                                 f"{read} results of {NEAR.label()}")

@@ -68,6 +68,7 @@ FAILED_SHAPE_PENALTY = math.log(4.0)  # added to the log-prediction of a config 
 PREDICT_ROWS = 16384  # the GP predicts the pool in chunks of this many configs (bounded memory)
 TRANSFER_NOISE_VAR = 0.05  # log units²: how loosely another problem's residual stands for this one's
 TRANSFER_MIN_RESULTS = 4  # results a problem of the store needs before its residuals are read
+TRANSFER_MAX_RESULTS = 256  # at most this many of them (every k-th by config) feed the GP: its cost is cubic
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,9 @@ class RulesProposer(Proposer):
         for q in sorted(alike, key=lambda q: (_shape_distance(p, q), q.key())):
             xs: list[tuple[float, ...]] = []
             ys: list[float] = []
-            for config, ms in history.measured(kernel, device, q):
+            measured = history.measured(kernel, device, q)
+            stride = math.ceil(len(measured) / TRANSFER_MAX_RESULTS) if measured else 1
+            for config, ms in sorted(measured, key=lambda m: m[0].key())[::stride]:
                 x, tile = self._coords(config), tile_of(config)
                 if x is None or tile is None or not ms > 0:
                     continue
