@@ -14,7 +14,7 @@ family is searched with `--protocol shipped` and `--arm search` alone.
 
 Method. Every (proposer, problem, seed) is a fresh campaign of one problem on the replay
 backend, driven in process by `drive` below: the driver's loop without the store and queue
-(propose a batch of 4 against a `SearchState`, mark it pending, settle configs that break the
+(propose a batch of 4 (`--batch`) against a `SearchState`, mark it pending, settle configs that break the
 space's constraints as `invalid` for free, answer the others from the dataset, hand each
 result to `observe` one at a time as the driver does, count distinct configs measured). The
 space of a problem is exactly its recorded configs (`ReplayDataset.space`), as in `tilepilot
@@ -268,10 +268,10 @@ def fixed_list_regret(dataset: ReplayDataset, problem: Problem, size: int) -> tu
 _DATASET: ReplayDataset | None = None
 
 
-def _init(path: str, kernel: str = "matmul") -> None:
-    global _DATASET, KERNEL
+def _init(path: str, kernel: str = "matmul", batch: int = 4) -> None:
+    global _DATASET, KERNEL, BATCH
     logging.basicConfig(level=logging.WARNING)
-    KERNEL = kernel
+    KERNEL, BATCH = kernel, batch
     _DATASET = load_dataset(path, get_family(KERNEL))
 
 
@@ -404,7 +404,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     seeds_of = {name: seeds[:1] if name == "grid" else seeds[:args.slow_seeds] if name in SLOW else seeds
                 for name in proposers}
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset), KERNEL)) as pool:
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init,
+                                      initargs=(str(args.dataset), KERNEL, BATCH)) as pool:
         fitted = any(n in MODELLED for n in proposers)
         constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
         if fitted:
@@ -528,7 +529,8 @@ def run_warm(args: argparse.Namespace) -> dict[str, Any]:
     proposers = [s for s in (args.proposers or ",".join(WARM_PROPOSERS)).split(",") if s]
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.jobs, initializer=_init, initargs=(str(args.dataset), KERNEL)) as pool:
+    with mp.get_context("spawn").Pool(args.jobs, initializer=_init,
+                                      initargs=(str(args.dataset), KERNEL, BATCH)) as pool:
         fitted = any(n in MODELLED for n in proposers)
         constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
         if fitted:
@@ -715,9 +717,9 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
     return scope, head, key, seed, best_after(at, HISTORY_BUDGET) / opt - 1.0, configs_to_reach(reach, target)
 
 
-def _init_history(path: str, history: str) -> None:
+def _init_history(path: str, history: str, batch: int = 4) -> None:
     global _HISTORY
-    _init(path)
+    _init(path, batch=batch)
     _HISTORY = load_dataset(history, get_family(KERNEL)) if history else None
 
 
@@ -756,7 +758,7 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.jobs, initializer=_init_history,
-                                      initargs=(str(args.dataset), args.history or "")) as pool:
+                                      initargs=(str(args.dataset), args.history or "", BATCH)) as pool:
         constants = fold_constants(pool, dataset, args.protocol)
         tasks: list[HistoryTask] = [(scope, head, p.key(), s, others[p.key()], constants[p.key()])
                                     for scope, others in scopes.items() for head in heads
@@ -822,6 +824,7 @@ def history_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global KERNEL, BATCH
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arm", choices=("search", "warm", "history"), default="search",
                    help="search: every proposer's efficiency; warm: warm start against a cold start; "
@@ -838,8 +841,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--slow-seeds", type=int, default=3, help=f"seeds of the slow proposers ({', '.join(SLOW)})")
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=BATCH,
+                   help=f"configs proposed before any of them is answered (default {BATCH}, the driver's batch; "
+                        "8 is the driver's first fill, two batches, as a campaign of one problem asks at budget 8)")
     args = p.parse_args(argv)
-    global KERNEL
+    if args.batch < 1:
+        p.error(f"--batch {args.batch}: must be 1 or more")
+    BATCH = args.batch
     from tilepilot.experiments import InputError
     from tilepilot.kernels import family_names
     from tilepilot.orchestrator.replay import default_dataset
