@@ -17,6 +17,8 @@ import search  # type: ignore[import-not-found]  # noqa: E402
     (["--kernel", "nope", "--protocol", "shipped"], "unknown --kernel 'nope' (allowed: attention,"),
     (["--kernel", "softmax"], "--kernel softmax: only --arm search with --protocol shipped"),
     (["--kernel", "softmax", "--protocol", "shipped", "--arm", "warm"], "--kernel softmax: only --arm search"),
+    (["--batch", "0"], "--batch 0: must be 1 or more"),
+    (["--arm", "history", "--heads", "T,nope"], "unknown --heads 'nope' (allowed: warm, n, cc,"),
 ])
 def test_a_bad_kernel_or_protocol_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,3 +40,19 @@ def test_another_family_is_searched_on_its_own_recorded_grid(tmp_path: Path, mon
     regret = result["proposers"]["random"]["regret"]
     assert set(regret) == {str(b) for b in result["budgets"]}
     assert all(row["held_out"]["problems"] >= 4 for row in regret.values())
+
+
+def test_the_history_arm_runs_the_store_heads_on_a_recorded_grid(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "KERNEL", "matmul")
+    out = tmp_path / "history.json"
+    assert search.main(["--arm", "history", "--protocol", "shipped", "--dataset",
+                        str(REPO / "data/replay/matmul-h200.jsonl.gz"), "--heads", "T,Twarm,warmall",
+                        "--seeds", "1", "--jobs", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["results"]["other-problems"]
+    assert set(rows) == {"cold", "T", "Twarm", "warmall", "fixed-list"}
+    for head in ("cold", "T", "Twarm", "warmall"):
+        regret = rows[head]["regret"]
+        assert regret["problems"] == 6 and 0 <= regret["problems_within_2pct_every_seed"] <= 6
+        assert rows[head]["to_2pct"]["median"] >= 1
