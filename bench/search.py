@@ -73,11 +73,17 @@ History first (`--arm history`). The rules proposer at a budget of 8 configs (an
 as warm start queues them (HEADS: the current warm start, the nearest problems' winners, a
 covering list — greedy set cover of "within 2% of that problem's best" over the store
 problems, how the fixed-list baseline is built — of every store problem or of the 8 nearest,
-and these after the rules proposer's own first four picks). Stores ("scopes"): every other
-problem of the dataset; with `--protocol folds` the problems of the other three folds only;
-with `--history` every problem of another device's dataset. Baseline in the same run: the
-fixed list of 8 chosen greedily (worst, then mean regret) on the same store. Regret and
-within-2% as in the search arm; "cold" is the rules proposer with no head.
+and these after the rules proposer's own first four picks; `warm` keeps of the warm start only
+what the proposer predicts no slower than its own first pick, as the driver does, `warmall` all
+of it). Heads starting with `T` also hand the proposer the store as its history (the store's
+correction of the tile model, agents/rules.py): each store problem holding what a `rules`
+campaign of STORE_BUDGET configs measured there (`Tgrid`: every recorded result). Stores
+("scopes"): every other problem of the dataset; with `--protocol folds` the problems of the
+other three folds only; with `--history` every problem of another dataset: "other-device"
+(no `T` heads: history is read on the campaign's device only), or, where it was recorded on the
+same device, "same-device" with the dataset's other problems added (`T` heads only). Baseline in
+the same run: the fixed list of 8 chosen greedily (worst, then mean regret) on the same store.
+Regret and within-2% as in the search arm; "cold" is the rules proposer with no head.
 """
 
 from __future__ import annotations
