@@ -423,3 +423,40 @@ def test_a_store_problem_with_more_results_than_the_gp_takes_is_read_every_kth(m
     assert read <= 10
     assert p.drain_records().notes[0].startswith(f"rules: the tile model for {SQUARE.label()} corrected by "
                                                  f"{read} results of {NEAR.label()}")
+
+
+# ---- learnings: a validated "p=a beats p=b" in scope ranks the p=b configs behind their twins ----------
+def with_learning(scope: str, effect: float = 1.5, problem: Problem = SQUARE, history: bool = True) -> RulesProposer:
+    from types import SimpleNamespace
+
+    from tilepilot.experiments import Hypothesis, Learning, Scope
+
+    h = Hypothesis("H-s", "matmul", "", "num_stages", 3, 4, Scope.parse(scope),
+                   "num_stages=3 beats num_stages=4")
+    lrn = Learning("L-s", "H-s", "matmul", "", "0.0", "0.0", h.scope, h.text, effect, 8)
+    ledger = SimpleNamespace(hypotheses=lambda **kw: [SimpleNamespace(hypothesis=h)],
+                             learnings=lambda **kw: [SimpleNamespace(learning=lrn)])
+    return RulesProposer(ProposerContext("matmul", problem, UNCHECKED, seed=0, budget=200, ledger=ledger,
+                                         history=History({}) if history else None))
+
+
+def test_a_learning_in_scope_ranks_each_config_it_loses_at_least_its_effect_behind_its_twin() -> None:
+    cold, p = rules(), with_learning("M>=1024")
+    pairs = [(c, Config.of({**c.as_dict(), "num_stages": 3})) for c in UNCHECKED if c["num_stages"] == 4]
+    pairs = [(c, t) for c, t in pairs if (e := cold.estimate(t)) is not None and e.launches
+             and (f := cold.estimate(c)) is not None and f.launches]
+    assert any(cold.prior_ms(c) < 1.5 * cold.prior_ms(t) for c, t in pairs)  # the model alone disagrees
+    assert all(p.prior_ms(c) >= 1.5 * p.prior_ms(t) * (1 - 1e-9) for c, t in pairs)
+    assert all(p.prior_ms(t) == cold.prior_ms(t) for _, t in pairs)  # the winners' side is untouched
+    assert any(c.config["num_stages"] == 4 for c in cold.propose(SearchState(), 6))
+    picks = p.propose(SearchState(), 40)
+    assert not any(c.config["num_stages"] == 4 for c in picks[:6])
+    base = rules()
+    shifted = [c for c in picks
+               if c.config["num_stages"] == 4 and p.prior_ms(c.config) > 1.01 * base.prior_ms(c.config)]
+    assert shifted and all("slower by learning L-s: num_stages=3 beats num_stages=4 by 1.50x here" in c.rationale
+                           for c in shifted)
+    assert [c.config for c in with_learning("M<=64").propose(SearchState(), 6)] == [
+        c.config for c in rules().propose(SearchState(), 6)]  # out of scope: no effect
+    cold_start = with_learning("M>=1024", history=False)  # --cold: the store is not read
+    assert all(cold_start.prior_ms(c) == cold.prior_ms(c) for c, _ in pairs)

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dry-run", action="store_true", help="validate and show the plan; run nothing")
     t.add_argument("--cold", action="store_true",
                    help="start without what the store holds (no warm start: neither the winners of nearby "
-                        "problems queued first nor their results correcting the rules model)")
+                        "problems queued first nor their results and the learnings correcting the rules model)")
     t.set_defaults(func=cmd_tune)
 
     k = sub.add_parser("kernels", help="list the kernel families")

@@ -27,6 +27,9 @@ the noise `TRANSFER_NOISE_VAR` predict a correction for every config. The model 
 problems of one regime: with constants fitted on neither, the element-wise 1500x1500x1500 and
 3000x5000x1000 fp16 run 128x64x32 with 4 warps 2.1x and 2.4x faster than modelled, and on both
 it is the fastest config.
+Learnings: a validated learning in scope ("p=a beats p=b by a factor E", from the ledger) ranks
+every config with p=b at least E times slower than the same config with p=a, where the model
+(corrected by the history) puts them closer or the other way round.
 Each candidate carries `predicted_ms` and a one-line rationale: the reason from the model and
 a falsifiable hypothesis (the time range it expects). Spaces without tile parameters get no
 model (a flat prior) and the GP alone.
@@ -116,6 +119,8 @@ class RulesProposer(Proposer):
         self._shifts: dict[Config, float] = {}  # the correction of each config asked for
         self._transfer_read = False
         self._notes: list[str] = []
+        self._rules: list[tuple[str, str, object, object, float]] | None = None  # learnings: id, param, a, b, effect
+        self._learned: dict[Config, tuple[float, str]] = {}  # a config's learned log-shift and its learning
 
     # ---- the contract --------------------------------------------------------------
     def propose(self, state: SearchState, n: int) -> list[Candidate]:
@@ -220,7 +225,53 @@ class RulesProposer(Proposer):
 
     def _log_model(self, config: Config) -> float:
         est = self.estimate(config)
-        return 0.0 if est is None else math.log(est.predicted_ms) + self._shift(config)
+        return 0.0 if est is None else self._log_corrected(est, config) + self._learned_shift(config)[0]
+
+    def _log_corrected(self, est: Estimate, config: Config) -> float:
+        """The model's log-time of a config corrected by the history (not by the learnings)."""
+        return math.log(est.predicted_ms) + self._shift(config)
+
+    # ---- learnings -----------------------------------------------------------------
+    def _read_learnings(self) -> list[tuple[str, str, object, object, float]]:
+        """The validated learnings of the ledger whose scope holds this problem and whose
+        parameter is in the space: (learning id, param, a, b, effect), once; none in a cold start
+        (no history: the store is not read)."""
+        if self._rules is None:
+            self._rules = []
+            ledger, p = self.ctx.ledger, self.ctx.problem
+            if ledger is not None and self.ctx.history is not None and self._modelled:  # not cold
+                names = {q.name for q in self.ctx.space.params}
+                statements = {r.hypothesis.id: r.hypothesis
+                              for r in ledger.hypotheses(kernel=self.ctx.kernel, device=self.ctx.device or None)}
+                for row in ledger.learnings(kernel=self.ctx.kernel, device=self.ctx.device or None):
+                    h = statements.get(row.learning.hypothesis_id)
+                    if (h is not None and h.param in names and row.learning.scope.contains(p)
+                            and row.learning.effect > 1.0):
+                        self._rules.append((row.learning.id, h.param, h.a, h.b, row.learning.effect))
+        return self._rules
+
+    def _learned_shift(self, config: Config) -> tuple[float, str]:
+        """How much later than the corrected model a config ranks by the learnings (log units) and
+        the learning that says so: a config with p=b at least log(effect) above its p=a twin."""
+        got = self._learned.get(config)
+        if got is not None:
+            return got
+        shift, why = 0.0, ""
+        est = self.estimate(config)
+        for lid, param, a, b, effect in self._read_learnings() if est is not None else ():
+            if not _same(config.get(param), b):
+                continue
+            twin = Config.of({**config.as_dict(), param: a})
+            twin_est = self.estimate(twin)
+            if twin_est is None or not twin_est.launches or self.ctx.space.check(twin, self.ctx.problem) is not None:
+                continue
+            assert est is not None
+            gap = self._log_corrected(est, config) - self._log_corrected(twin_est, twin)
+            need = math.log(effect) - gap
+            if need > shift:
+                shift, why = need, f"learning {lid}: {param}={a} beats {param}={b} by {effect:.2f}x here"
+        self._learned[config] = (shift, why)
+        return shift, why
 
     # ---- history -------------------------------------------------------------------
     def _read_history(self) -> None:
@@ -321,6 +372,8 @@ class RulesProposer(Proposer):
             steps = np.array([f[3] for f in found], dtype=np.int64).reshape(len(found), len(params))
             coords = _positions(steps, self._grades) / np.asarray(self._scales, dtype=float)
             shifts = self._shift_all([f[2] for f in found], coords)
+            if self._read_learnings():
+                shifts = shifts + np.array([self._learned_shift(f[2])[0] for f in found])
             found = [(key + float(shift), *rest) for (key, *rest), shift in zip(found, shifts, strict=True)]
             found.sort(key=lambda f: (f[0], f[1]))
             self._pool = _Pool.of([f[2] for f in found], np.array([f[0] for f in found], dtype=float),
@@ -481,6 +534,9 @@ class RulesProposer(Proposer):
             reason = describe(est, self.roofline, self.device) + self._device_note
         if self._source is not None and est is not None and abs(shift := self._shift(config)) >= 0.01:
             reason += f"; model ×{math.exp(shift):.2f} by the results of {self._source[0].label()}"
+        learned, by = self._learned_shift(config) if est is not None else (0.0, "")
+        if learned >= 0.01:
+            reason += f"; ranked ×{math.exp(learned):.2f} slower by {by}"
         if self._penalty(config):
             reason += "; ranked down: near a config that failed to run"
         if measured:
@@ -580,6 +636,10 @@ def _shape_distance(a: Problem, b: Problem) -> float:
     assert da is not None and db is not None
     d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:3], db[:3], strict=True))
     return math.sqrt(d2 + (da[3] != db[3]))
+
+
+def _same(x: object, y: object) -> bool:
+    return type(x) is type(y) and x == y
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]
