@@ -398,10 +398,9 @@ def test_results_of_the_nearest_problem_in_the_same_regime_correct_the_model_bef
     assert p.prior_ms(wide) / rules().prior_ms(wide) > 1.5 * p.prior_ms(narrow) / rules().prior_ms(narrow)
 
 
-def test_history_of_another_regime_of_the_problem_itself_or_too_few_results_is_not_read() -> None:
-    own = {c: 1.0 for c in UNCHECKED}
+def test_history_of_another_regime_or_with_too_few_results_is_not_read() -> None:
     few = dict(list(_slow_wide_tiles(NEAR).items())[:3])
-    history = History({ELEMENT_WISE: _slow_wide_tiles(ELEMENT_WISE), SQUARE: own, NEAR: few})
+    history = History({ELEMENT_WISE: _slow_wide_tiles(ELEMENT_WISE), NEAR: few})
     p = with_history(history)
     cold = rules()
     assert [c.config for c in p.propose(SearchState(), 6)] == [c.config for c in cold.propose(SearchState(), 6)]
@@ -409,6 +408,15 @@ def test_history_of_another_regime_of_the_problem_itself_or_too_few_results_is_n
     q = with_history(History({NEAR: _slow_wide_tiles(NEAR)}), problem=ELEMENT_WISE)
     assert q.prior_ms(cfg(128, 128, 64, 8, 3)) == RulesProposer(
         ProposerContext("matmul", ELEMENT_WISE, UNCHECKED, seed=0, budget=200)).prior_ms(cfg(128, 128, 64, 8, 3))
+
+
+def test_the_problems_own_earlier_results_come_before_any_other_problems() -> None:
+    history = History({NEAR: _slow_wide_tiles(NEAR), SQUARE: _slow_wide_tiles(SQUARE)})
+    p = with_history(history)
+    assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in p.propose(SearchState(), 4))
+    assert history.asked == [SQUARE]
+    assert p.drain_records().notes == (f"rules: the tile model for {SQUARE.label()} corrected by its own "
+                                       f"{len(history.results[SQUARE])} earlier results",)
 
 
 def test_a_store_problem_with_more_results_than_the_gp_takes_is_read_every_kth(monkeypatch: pytest.MonkeyPatch) -> None:

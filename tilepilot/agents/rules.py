@@ -19,11 +19,12 @@ so far (the next choice up or down), the one with the best corrected score. The 
 wrong about a whole region (on 3000x5000x1000 fp16 it put 64-wide N tiles 40% slower than 128,
 the reverse of the measurements), and a neighbour of the best measured config is where a model
 error costs most.
-History: where the store holds results of another problem whose operands load the same way (the
+History: where the store holds results of a problem whose operands load the same way (the
 tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both element by
-element), the nearest such problem (log-shape distance) corrects the model before this problem's
-first result: its residuals (log measured over modelled, less their median) fitted by a GP with
-the noise `TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
+element), the nearest such problem (log-shape distance; the problem itself, from an earlier
+campaign, where the store has it) corrects the model before this problem's first result: its
+residuals (log measured over modelled, less their median) fitted by a GP with the noise
+`TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
 problems of one regime: with constants fitted on neither, the element-wise 1500x1500x1500 and
 3000x5000x1000 fp16 run 128x64x32 with 4 warps 2.1x and 2.4x faster than modelled, and on both
 it is the fastest config.
@@ -185,6 +186,7 @@ class RulesProposer(Proposer):
                 continue  # no model and nothing measured: no prediction
             predicted = math.exp(self._log_model(config) + float(mean))
             basis = ("tile model" if self.estimate(config) is not None else "measured neighbours") + (
+                f" with the results of {self._source[0].label()}" if self._source is not None else "") + (
                 f" corrected by {len(xs)} result{'s' if len(xs) != 1 else ''}" if xs else ", nothing measured yet")
             reason = f"rules predicts {predicted:.3g} ms ({basis})"
             penalty = self._penalty(config)
@@ -285,7 +287,7 @@ class RulesProposer(Proposer):
             return
         kernel, device, regime = self.ctx.kernel, self.ctx.device, element_wise_operands(p)
         alike = [q for q in history.measured_problems(kernel, device)
-                 if q != p and gemm_dims(q) is not None and element_wise_operands(q) == regime]
+                 if gemm_dims(q) is not None and element_wise_operands(q) == regime]
         for q in sorted(alike, key=lambda q: (_shape_distance(p, q), q.key())):
             xs: list[tuple[float, ...]] = []
             ys: list[float] = []
@@ -308,8 +310,9 @@ class RulesProposer(Proposer):
             gp.fit(xs, [y - middle for y in ys])
             self._transfer, self._source = gp, (q, len(ys))
             loads = ", ".join(regime) + " element by element" if regime else "vectorised operands"
-            self._notes.append(f"rules: the tile model for {p.label()} corrected by {len(ys)} results of "
-                               f"{q.label()}, the nearest problem the store holds with {loads}")
+            source = (f"its own {len(ys)} earlier results" if q == p else
+                      f"{len(ys)} results of {q.label()}, the nearest problem the store holds with {loads}")
+            self._notes.append(f"rules: the tile model for {p.label()} corrected by {source}")
             return
 
     def _shift(self, config: Config) -> float:
