@@ -16,7 +16,10 @@ dealt into K folds (problem i goes to fold i mod K); each fold runs as its own c
 constants fitted (bench/fit_rules.fit) on the other folds' problems only, handed to `tune`
 through TILEPILOT_RULES_CONSTANTS. The fits are CPU work: `--fit-folds FILE` writes them once
 (about 15 s per fold), and `--constants FILE` reads them, so the GPU machine only measures.
-`--folds 0` runs one campaign with the shipped constants.
+`--folds 0` runs one campaign with the shipped constants. The folds' campaigns share the store
+(`--db`), so from the second fold on a campaign starts warm, as a user's next one would: the
+earlier folds' winners and results (warm start, and the store's correction of the `rules` model)
+are there; their own problems never are.
 
 Arbitration (`--arbitrate RESULT.json`): the recorded grid is itself a measurement, taken with an
 earlier timing method on a GPU in another thermal state, so where a winner's recorded time and
