@@ -19,7 +19,7 @@ through TILEPILOT_RULES_CONSTANTS. The fits are CPU work: `--fit-folds FILE` wri
 `--folds 0` runs one campaign with the shipped constants. The folds' campaigns share the store
 (`--db`), so from the second fold on a campaign starts warm, as a user's next one would: the
 earlier folds' winners and results (warm start, and the store's correction of the `rules` model)
-are there; their own problems never are.
+are there; their own problems are not (unless the command resumes a run the store already holds).
 
 Arbitration (`--arbitrate RESULT.json`): the recorded grid is itself a measurement, taken with an
 earlier timing method on a GPU in another thermal state, so where a winner's recorded time and
