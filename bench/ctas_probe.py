@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, k, dtype in SHAPES:
         problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
         arms = Arms(fam, problem, target)
-        arms.add("cublas", lambda out, p=problem, a=arms: fam.baseline(p, a.inputs, out))
+        arms.baseline("cublas")
         for bm, bn, bk, w, s in TILES:
             c = Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 8,
                            "num_warps": w, "num_stages": s, "VARIANT": "tma"})

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in (1, 16, 64):
         problem = fam.parse_problem({"M": m, "N": 4096, "K": 4096, "dtype": "bf16"})
         arms = Arms(fam, problem, target)
-        arms.add("cublas", lambda out, p=problem, a=arms: fam.baseline(p, a.inputs, out))
+        arms.baseline("cublas")
         if problem.key() in tuned:
             arms.config("tuned", tuned[problem.key()])
         bm = 16 if m <= 16 else 64

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
         config = tile_config(bm, bn, bk, w, s, VARIANT="tma", EPILOGUE_SUBTILE=sub)
         arms = Arms(fam, problem, target)
-        arms.add("cublas", lambda out, p=problem, a=arms: fam.baseline(p, a.inputs, out))
+        arms.baseline("cublas")
         arms.add("device", lambda out, a=arms, c=config: strided_launch(a, c, out, ""))
         arms.config("host", config)
         row: dict[str, Any] = {"problem": problem.label(), "config": config.as_dict(),

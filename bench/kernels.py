@@ -193,6 +193,10 @@ class Arms:
             return
         self.launches[arm] = fn
 
+    def baseline(self, name: str, **note: Any) -> None:
+        """The family's baseline (cuBLAS for matmul) as the arm `name`."""
+        self.add(name, lambda out: self.family.baseline(self.problem, self.inputs, out), **note)
+
     def config(self, name: str, config: Config) -> None:
         family, problem = self.family, self.problem
 
@@ -258,7 +262,7 @@ def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: An
             arms.config(f"tutorial-{i}", c)
     if family.name == "silu_mul_fp8_quant":
         arms.config("vllm-fallback", Config.of(VLLM_FALLBACK))
-    arms.add("baseline", lambda out: family.baseline(problem, arms.inputs, out), name=family.baseline_name)
+    arms.baseline("baseline", name=family.baseline_name)
     if family.name == "attention":  # every fused SDPA backend; the fastest per shape becomes `sdpa-best`
         from tilepilot.kernels.attention import sdpa_backends
 

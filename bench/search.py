@@ -878,7 +878,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("wrote %s (%.0f s)", args.out, result["wall_s"])
         return 0
     if args.arm == "history":
-        bad = [h for h in (args.heads or "").split(",") if args.heads and h not in HEADS[1:]]
+        bad = [h for h in args.heads.split(",") if h not in HEADS[1:]] if args.heads else []
         if bad:
             p.error(f"unknown --heads {bad[0]!r} (allowed: {', '.join(HEADS[1:])})")
         args.out = args.out or "bench/results/warm-start-history-h100.json"

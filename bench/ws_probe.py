@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     for m, n, k, dtype in SHAPES:
         problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
         arms = Arms(fam, problem, target)
-        arms.add("cublas", lambda out, p=problem, a=arms: fam.baseline(p, a.inputs, out))
+        arms.baseline("cublas")
         if problem.key() in tuned:
             arms.config("tuned", tuned[problem.key()])
         for bm, bn, bk, w, s in TILES:

@@ -318,11 +318,12 @@ def _effects_from_scratch(miner: HypothesisMiner, obs: list[Any]) -> dict[Any, f
 
     import numpy as np
 
-    from tilepilot.agents.miner import RIDGE, _same
+    from tilepilot.agents.miner import RIDGE
+    from tilepilot.experiments import same_value
 
     cols = [(p, v) for p, values in miner.choices.items() for v in values
-            if any(_same(o.config.get(p), v) for o in obs)]
-    x = np.array([[1.0 if _same(o.config.get(p), v) else 0.0 for p, v in cols] for o in obs])
+            if any(same_value(o.config.get(p), v) for o in obs)]
+    x = np.array([[1.0 if same_value(o.config.get(p), v) else 0.0 for p, v in cols] for o in obs])
     y = np.log([o.median_ms for o in obs])
     x -= x.mean(axis=0)
     y -= y.mean()

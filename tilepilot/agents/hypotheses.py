@@ -27,9 +27,9 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tilepilot.agents.miner import MAX_ACTIVE, HypothesisMiner, LedgerEntry, _blocked, _same, room_in_scope
+from tilepilot.agents.miner import MAX_ACTIVE, HypothesisMiner, LedgerEntry, _blocked, room_in_scope
 from tilepilot.agents.pairs import Observation, Pair, PairIndex, find_pairs
-from tilepilot.experiments import Candidate, Config, Environment, Problem, SearchSpace
+from tilepilot.experiments import Candidate, Config, Environment, Problem, SearchSpace, same_value
 from tilepilot.experiments.hypothesis import (
     Evidence,
     Hypothesis,
@@ -237,7 +237,7 @@ class HypothesisLab:
                                b=given.b, scope=given.scope, rationale=given.rationale, source=given.source)
             entries = self.known + [LedgerEntry(g, self.states[g.id], here=True) for g in self.hypotheses.values()]
             values = m.choices.get(h.param, ())
-            if not all(any(_same(x, v) for v in values) for x in (h.a, h.b)):
+            if not all(any(same_value(x, v) for v in values) for x in (h.a, h.b)):
                 why = f"{h.param}={h.a} or {h.param}={h.b} is not searched in this campaign"
             elif _blocked(h, entries):
                 why = "the ledger asks this question of overlapping problems already"

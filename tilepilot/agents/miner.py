@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tilepilot.agents.pairs import Observation
-from tilepilot.experiments import Candidate, Config, Problem, SearchSpace, Value
+from tilepilot.experiments import Candidate, Config, Problem, SearchSpace, Value, same_value
 from tilepilot.experiments.hypothesis import Bound, Hypothesis, HypothesisState, Scope, statement_key
 from tilepilot.experiments.values import canonical_json
 
@@ -190,7 +190,7 @@ class HypothesisMiner:
         return self._solve(full, [o.median_ms for o in obs])
 
     def _one_hot(self, o: Observation) -> list[float]:
-        return [1.0 if _same(o.config.get(p), v) else 0.0 for p, v in self._columns]
+        return [1.0 if same_value(o.config.get(p), v) else 0.0 for p, v in self._columns]
 
     def _solve(self, full: np.ndarray, ms: Sequence[float]) -> dict[tuple[str, Value, Value], float]:
         """The ridge fit on the columns of `full` (one-hot over every column) that some row has."""
@@ -251,7 +251,7 @@ class HypothesisMiner:
             space = self.spaces[problem]
             found = []
             for c in space.valid(problem):
-                if _same(c.get(h.param), h.a):
+                if same_value(c.get(h.param), h.a):
                     flip = Config.of({**c.as_dict(), h.param: h.b})
                     if space.check(flip, problem) is None:
                         found.append((c, flip))
@@ -351,14 +351,11 @@ def _choices(spaces: Sequence[SearchSpace]) -> dict[str, tuple[Value, ...]]:
     for space in spaces:
         for param in space.params:
             values = out.setdefault(param.name, [])
-            values.extend(v for v in param.choices if not any(_same(v, w) for w in values))
+            values.extend(v for v in param.choices if not any(same_value(v, w) for w in values))
     ordered = {name: sorted(values) if all(isinstance(v, int | float) for v in values) else values  # type: ignore[type-var]
                for name, values in out.items()}
     return {name: tuple(values) for name, values in ordered.items() if len(values) > 1}
 
-
-def _same(x: object, y: object) -> bool:
-    return type(x) is type(y) and x == y
 
 
 def _seed(*parts: object) -> int:

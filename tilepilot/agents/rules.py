@@ -63,7 +63,7 @@ from tilepilot.agents.tile_model import (
     tile_from,
     tile_of,
 )
-from tilepilot.experiments import Candidate, Config, Problem, Result, SearchSpace, Status
+from tilepilot.experiments import Candidate, Config, Problem, Result, SearchSpace, Status, same_value
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class RulesProposer(Proposer):
         shift, why = 0.0, ""
         est = self.estimate(config)
         for lid, param, a, b, effect in self._read_learnings() if est is not None else ():
-            if not _same(config.get(param), b):
+            if not same_value(config.get(param), b):
                 continue
             twin = Config.of({**config.as_dict(), param: a})
             twin_est = self.estimate(twin)
@@ -634,15 +634,13 @@ def _predict(gp: ResidualGp, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _shape_distance(a: Problem, b: Problem) -> float:
     """Distance of two GEMM problems in log-shape space: log2 ratios of M, N and K, and 1 where the
-    element sizes differ (as warm start measures nearness)."""
+    element sizes differ (warm start's `distance` counts a differing dtype instead: bf16 and fp16
+    are one to the tile model)."""
     da, db = gemm_dims(a), gemm_dims(b)
     assert da is not None and db is not None
     d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:3], db[:3], strict=True))
     return math.sqrt(d2 + (da[3] != db[3]))
 
-
-def _same(x: object, y: object) -> bool:
-    return type(x) is type(y) and x == y
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]

@@ -25,11 +25,12 @@ from tilepilot.experiments.result import DeviceCeilings, Environment, Result, Te
 from tilepilot.experiments.space import Constraint, Param, SearchSpace, at_default
 from tilepilot.experiments.status import Status
 from tilepilot.experiments.telemetry import GpuSample
-from tilepilot.experiments.values import Config, Problem, Value, canonical_json
+from tilepilot.experiments.values import Config, Problem, Value, canonical_json, same_value
 
 __all__ = [
     "BackendUnavailable", "Bound", "Campaign", "CampaignError", "Candidate", "Config", "Constraint", "DatasetError",
     "DeviceCeilings", "Environment", "Evidence", "GpuSample", "Hypothesis", "HypothesisState", "InputError",
     "Learning", "Param", "Problem", "Result", "Scope", "SearchSpace", "Status", "Telemetry", "TilepilotError",
     "Timing", "Value", "Verdict", "at_default", "canonical_json", "experiment_key", "load_campaign", "parse_campaign",
+    "same_value",
 ]

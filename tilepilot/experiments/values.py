@@ -10,6 +10,11 @@ from typing import Any
 Value = int | float | str | bool
 
 
+def same_value(x: object, y: object) -> bool:
+    """Equal as parameter values: of one type and equal (True is not 1, 4 is not 4.0)."""
+    return type(x) is type(y) and x == y
+
+
 def canonical_json(data: Mapping[str, Any]) -> str:
     """The one serialisation used for keys and hashes: sorted keys, no spaces."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tilepilot.agents.tile_model import estimate, has_model
-from tilepilot.experiments import Config, Hypothesis, Problem, Result, Status
+from tilepilot.experiments import Config, Hypothesis, Problem, Result, Status, same_value
 from tilepilot.experiments.hypothesis import HypothesisState
 from tilepilot.kernels.base import KernelFamily
 
@@ -171,10 +171,10 @@ def tier_of(problem: Problem, config: Config, hypothesis_id: str | None,
         if h.state is not HypothesisState.VALIDATED or not hyp.scope.contains(problem):
             continue
         value = config.get(hyp.param)
-        if _same(value, hyp.a):
+        if same_value(value, hyp.a):
             votes += 1
             why.append(f"{hyp.param}={hyp.a}, which validated {hyp.id} says beats {hyp.param}={hyp.b} here")
-        elif _same(value, hyp.b):
+        elif same_value(value, hyp.b):
             votes -= 1
             why.append(f"{hyp.param}={hyp.b}, which validated {hyp.id} says loses to {hyp.param}={hyp.a} here")
     if votes > 0:
@@ -198,9 +198,6 @@ def _test_tier(h: HypothesisStatus) -> tuple[int, str]:
                     f"({h.effect:.2f}x over {h.pairs} pairs)")
     return KEEP, ""
 
-
-def _same(x: object, y: object) -> bool:
-    return type(x) is type(y) and x == y
 
 
 # ---- failure regions ---------------------------------------------------------------------------

@@ -26,7 +26,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from tilepilot.experiments import Candidate, Config, Hypothesis, InputError, Learning, Problem, SearchSpace
+from tilepilot.experiments import (
+    Candidate,
+    Config,
+    Hypothesis,
+    InputError,
+    Learning,
+    Problem,
+    SearchSpace,
+    same_value,
+)
 from tilepilot.storage.store import WinnerSource
 
 NAME = "warm-start"  # the proposer name on the candidates
@@ -100,7 +109,7 @@ def warm_candidates(problem: Problem, space: SearchSpace, winners: Sequence[Winn
         proposals = [(w.config, f"warm start: {source}")]
         for r in applicable:
             h = r.hypothesis
-            if _same(w.config.get(h.param), h.b):
+            if same_value(w.config.get(h.param), h.b):
                 variant = Config.of({**w.config.as_dict(), h.param: h.a})
                 proposals.append((variant, f"warm start: {source} with {h.param}={h.a} instead of {h.b}, as "
                                            f"learning {r.learning.id} says ({r.learning.effect:.2f}x when "
@@ -142,6 +151,3 @@ def _fits(space: SearchSpace, problem: Problem, config: Config) -> Config | None
         return None
     return parsed if space.check(parsed, problem) is None else None
 
-
-def _same(x: object, y: object) -> bool:
-    return type(x) is type(y) and x == y
