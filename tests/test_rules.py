@@ -14,7 +14,7 @@ import pytest
 from tests.proposer_toys import ENV, drive
 from tilepilot.agents.base import ProposerContext, SearchState
 from tilepilot.agents.roofline import H100_SXM, problem_roofline
-from tilepilot.agents.rules import RulesProposer
+from tilepilot.agents.rules import RulesProposer, RulesSettings
 from tilepilot.agents.rules_text import describe
 from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, estimate
 from tilepilot.experiments import Config, Param, Problem, Result, SearchSpace, Status, Timing
@@ -236,6 +236,31 @@ def test_every_fourth_pick_is_a_local_step_from_the_best_result_so_far() -> None
 def test_no_local_step_before_enough_results() -> None:
     picks = rules().propose(SearchState(), 8)
     assert not [c for c in picks if c.rationale.startswith("local step")]
+
+
+def test_a_tile_value_every_measured_config_shares_is_tested_once_a_batch() -> None:
+    # Four results, all with 8 warps, the others varied: the model's preference for 8 warps is
+    # untested, and one pick of the next batch (no more) takes 4 warps and says why.
+    p = rules()
+    ran = [cfg(128, 256, 64, 8, 3), cfg(256, 128, 64, 8, 3), cfg(128, 128, 64, 8, 4), cfg(128, 256, 32, 8, 4)]
+    state = SearchState(results={c: timed(SQUARE, c, 1.0 + i / 10) for i, c in enumerate(ran)})
+    picks = p.propose(state, 4)
+    tests = [c for c in picks if c.rationale.startswith("tests ")]
+    assert len(tests) == 1, [c.rationale for c in picks]
+    assert tests[0].config["num_warps"] == 4
+    assert tests[0].rationale.startswith("tests num_warps=4: every config measured so far has num_warps=8; ")
+    # once a batch in flight holds 4 warps, nothing is shared and no pick is made for it
+    state.pending.add(tests[0].config)
+    assert not [c for c in p.propose(state, 4) if c.rationale.startswith("tests ")]
+
+
+def test_no_untried_value_pick_before_results_or_when_turned_off() -> None:
+    assert not [c for c in rules().propose(SearchState(), 8) if c.rationale.startswith("tests ")]
+    p = RulesProposer(ProposerContext("matmul", SQUARE, UNCHECKED, seed=0, budget=200),
+                      settings=dataclasses.replace(RulesSettings(), test_untried=False))
+    ran = [cfg(128, 256, 64, 8, 3), cfg(256, 128, 64, 8, 3), cfg(128, 128, 64, 8, 4), cfg(128, 256, 32, 8, 4)]
+    state = SearchState(results={c: timed(SQUARE, c, 1.0) for c in ran})
+    assert not [c for c in p.propose(state, 4) if c.rationale.startswith("tests ")]
 
 
 def test_the_pool_is_every_valid_launchable_config_in_the_models_order() -> None:

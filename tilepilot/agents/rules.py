@@ -19,6 +19,13 @@ so far (the next choice up or down), the one with the best corrected score. The 
 wrong about a whole region (on 3000x5000x1000 fp16 it put 64-wide N tiles 40% slower than 128,
 the reverse of the measurements), and a neighbour of the best measured config is where a model
 error costs most.
+Untried values: once results are in, where every config measured or in flight shares one value of
+a tile parameter (block sizes, warps, stages; not an inert one) that the pool holds others of, one
+pick of the batch is the best-scored config with another value, and its rationale says which
+("tests num_warps=4: every config measured so far has num_warps=8"). Otherwise a model that prefers
+one value for every tile can spend a small budget without once testing the preference: on
+3000x5000x1000 fp16 it ranks 8 warps first for every tile, its 8 picks all had 8 warps, and the
+fastest configs all have 4.
 History: where the store holds results of a problem whose operands load the same way (the
 tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both element by
 element), the nearest such problem (log-shape distance; the problem itself, from an earlier
@@ -87,6 +94,9 @@ class RulesSettings:
     default_lengthscale: float = 1.0  # in steps between adjacent choices of a parameter
     neighbour_every: int = 4  # every n-th pick steps from the incumbent (0: never)
     neighbour_after: int = 4  # measured results before the first local step
+    # once results are in, one pick a batch takes a value of a tile parameter that every measured
+    # config shares: the model's preference for that value is tested, not assumed
+    test_untried: bool = True
 
 
 class RulesProposer(Proposer):
@@ -139,10 +149,14 @@ class RulesProposer(Proposer):
         self._believe_pending(gp, xs, ys, state.pending)
         best = state.best()
         out: list[Candidate] = []
+        tested = False  # one pick of this batch has taken a value no measured config has
         for _ in range(min(n, len(alive))):
             self._picks += 1
             local = self._local_step(pool, alive, best, measured)
-            i, mean, std = self._pick(gp, pool, alive, local)
+            untried = None
+            if local is None and not tested and measured >= self.settings.neighbour_after:
+                untried = self._untried(pool, alive, state.pending | {c.config for c in out})
+            i, mean, std = self._pick(gp, pool, alive, local if untried is None else untried[0])
             row = int(alive[i])
             alive = np.delete(alive, i)
             config = pool.configs[row]
@@ -153,6 +167,9 @@ class RulesProposer(Proposer):
             why = self._why(config, predicted, std, best, measured)
             if local is not None and best is not None:
                 why = f"local step from the best so far ({best.config.label()}); {why}"
+            if untried is not None:
+                tested = True
+                why = f"{self._untried_why(pool.steps[row], untried[1])}; {why}"
             out.append(Candidate(self.ctx.problem, config, self.name, why,
                                  predicted_ms=predicted if known else None))
             xs.append(tuple(float(v) for v in pool.coords[row]))
@@ -446,6 +463,36 @@ class RulesProposer(Proposer):
         moved = np.abs(pool.positions[alive] - _positions(np.asarray([at], dtype=np.int64), self._grades))
         near = (np.count_nonzero(moved, axis=1) == 1) & (moved.sum(axis=1) <= 1 + 1e-9)
         return near if near.any() else None
+
+    def _untried(self, pool: _Pool, alive: np.ndarray,
+                 pending: set[Config]) -> tuple[np.ndarray, dict[int, int]] | None:
+        """Where every config measured (or in flight) shares one value of a tile parameter the GP
+        reads and the pool holds others: a mask over `alive` of the configs with another value of
+        such a parameter, and the shared values (parameter index -> step). None when there is none."""
+        if not self.settings.test_untried:
+            return None
+        ran = [c for c, r in self._results.items() if r.status is Status.OK and r.median_ms is not None]
+        steps = [x for c in (*ran, *pending) if (x := self._steps(c)) is not None]
+        if not steps:
+            return None
+        shared: dict[int, int] = {}
+        mask = np.zeros(len(alive), dtype=bool)
+        for j, param in enumerate(self.ctx.space.params):
+            values = {x[j] for x in steps}
+            if param.name not in TILE_NAMES or np.isinf(self._scales[j]) or len(values) > 1:
+                continue
+            other = pool.steps[alive, j] != next(iter(values))
+            if other.any():
+                shared[j] = next(iter(values))
+                mask |= other
+        return (mask, shared) if shared else None
+
+    def _untried_why(self, steps: np.ndarray, shared: dict[int, int]) -> str:
+        params = self.ctx.space.params
+        moved = [j for j, v in shared.items() if int(steps[j]) != v]
+        new = ", ".join(f"{params[j].name}={params[j].choices[int(steps[j])]}" for j in moved)
+        old = ", ".join(f"{params[j].name}={params[j].choices[shared[j]]}" for j in moved)
+        return f"tests {new}: every config measured so far has {old}"
 
     def _neighbours(self, a: Config, b: Config) -> bool:
         """True when b differs from a in one parameter, by at most one step of its choices (a
