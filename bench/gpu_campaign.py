@@ -20,6 +20,7 @@ through TILEPILOT_RULES_CONSTANTS. The fits are CPU work: `--fit-folds FILE` wri
 (`--db`), so from the second fold on a campaign starts warm, as a user's next one would: the
 earlier folds' winners and results (warm start, and the store's correction of the `rules` model)
 are there; their own problems are not (unless the command resumes a run the store already holds).
+`--cold` runs every fold with `tune --cold`: nothing of the store is read.
 
 Arbitration (`--arbitrate RESULT.json`): the recorded grid is itself a measurement, taken with an
 earlier timing method on a GPU in another thermal state, so where a winner's recorded time and
@@ -101,8 +102,10 @@ def started(db: str, name: str) -> bool:
         return bool(conn.rows("SELECT 1 FROM campaigns WHERE name = ?", [name]))
 
 
-def run_campaign(toml: Path, name: str, db: str, env: dict[str, str]) -> int:
+def run_campaign(toml: Path, name: str, db: str, env: dict[str, str], cold: bool = False) -> int:
     cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "gpu", "--db", db]
+    if cold:
+        cmd.append("--cold")
     if started(db, name):
         cmd.append("--resume")
     return subprocess.call(cmd, cwd=ROOT, env=env)
@@ -159,6 +162,8 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=32, help="distinct configs per problem (20%% of 162)")
     ap.add_argument("--name", default="gpu-check")
     ap.add_argument("--problems", type=int, default=0, help="only the first N recorded problems (0: all)")
+    ap.add_argument("--cold", action="store_true",
+                    help="every fold starts cold: tune --cold, no warm start and no history from the store")
     args = ap.parse_args()
 
     dataset = load_dataset(args.dataset, get_family("matmul"))
@@ -193,7 +198,7 @@ def main() -> int:
             path.write_text(json.dumps(constants))
             load_constants(path)  # the file tune will read
             env[CONSTANTS_ENV] = str(path)
-        rc = run_campaign(toml, name, args.db, env)
+        rc = run_campaign(toml, name, args.db, env, cold=args.cold)
         if rc != 0:
             print(f"tune exited with {rc} ({name})", file=sys.stderr)
             return rc
@@ -222,8 +227,9 @@ def main() -> int:
             "recheck_passed": w.recheck_passed, "trials": w.trials})
     regrets = [p["regret_vs_recorded_grid"] for p in per_problem if p["regret_vs_recorded_grid"] is not None]
     report = {
-        "what": "gpu campaign over the recorded matmul problems, budget 20% of the 162-config grid, "
-                "one out-of-bounds config (FAULT=oob) measured first for every problem",
+        "what": f"gpu campaign over the recorded matmul problems, budget {args.budget} configs a problem "
+                "(the 162-config grid), one out-of-bounds config (FAULT=oob) measured first for every problem",
+        "cold": args.cold,
         "command": " ".join(["python", "bench/gpu_campaign.py", *sys.argv[1:]]),
         "date": dt.date.today().isoformat(),
         "environment": versions,
@@ -235,6 +241,8 @@ def main() -> int:
         "crash_events": sum(1 for e in log if e.kind == "failed" and "crashed" in e.message),
         "max_regret_vs_recorded_grid": max(regrets) if regrets else None,
         "problems_within_3pct": sum(r <= 0.03 for r in regrets),
+        "problems_within_2pct": sum(r <= 0.02 for r in regrets),
+        "mean_regret_vs_recorded_grid": sum(regrets) / len(regrets) if regrets else None,
         "per_problem": per_problem,
     }
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

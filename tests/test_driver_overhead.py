@@ -281,11 +281,21 @@ def test_pending_limit_scales_with_the_compile_pool():
     from tilepilot.orchestrator.ray_executor import READY_PER_GPU
 
     # the pool's compiles, READY_PER_GPU compiled batches waiting and per_worker held, per usable GPU, and a batch
-    pipeline = 15 + (READY_PER_GPU + 2) * 2 * 4
-    assert pending_limit(ray_like, 4) == pipeline + 4
-    assert pending_limit(ray_like, 4, problems=3) == -(-pipeline // 3) + 4  # shared by the problems searching
-    assert pending_limit(ray_like, 4, problems=64) == 8  # never below two batches
+    need = 15 + (READY_PER_GPU + 2) * 2 * 4 + 4
+    assert pending_limit(ray_like, 4) == need
+    assert pending_limit(ray_like, 4, problems=3) == -(-need // 3)  # shared by the problems searching
+    assert 3 * pending_limit(ray_like, 4, problems=3) >= need  # which still keep it busy
+    assert pending_limit(ray_like, 4, problems=64) == 4  # never below one batch
     assert pending_limit(SimpleNamespace(pool=SimpleNamespace(capacity=0), slots=[], per_worker=2), 4) == 8
+
+
+def test_problems_sharing_an_executor_run_one_batch_ahead_of_their_results():
+    # Two batches keep a worker busy; where several problems search, they share them, so none
+    # proposes its next batch before its last one's results are in.
+    assert pending_limit(SimpleNamespace(), 4, problems=1) == 8
+    assert pending_limit(SimpleNamespace(), 4, problems=2) == 4
+    assert pending_limit(SimpleNamespace(), 4, problems=29) == 4
+    assert pending_limit(SimpleNamespace(), 4, problems=3) == 4
 
 
 def test_queue_heads_follow_the_dispatch_order(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 import pytest
@@ -145,3 +146,22 @@ def test_hypothesis_share_sets_the_experiments_held_back_for_hypotheses(tmp_path
     assert len(results) == 16 * len(PROBLEMS)  # the budget is spent in full either way
     assert len(by_hypotheses) <= tested * len(PROBLEMS)
     assert (len(by_hypotheses) > 0) == (tested > 0)
+
+
+def test_problems_searched_together_pick_their_second_batch_after_their_first_results(tmp_path, dataset):
+    # Two problems keep the executor busy between them, so neither runs two batches ahead: the
+    # rules' picks 5-8 of each problem are made with its first four results in (their rationale
+    # says after how many measured), not blind.
+    campaign = write_campaign(tmp_path / "c.toml", proposer="rules", budget=8)
+    out = tune(_opts(tmp_path, dataset, campaign, cold=True))
+    con = sqlite3.connect(tmp_path / "t.db")
+    try:
+        rows = con.execute("SELECT problem_key, seq, rationale FROM trials WHERE campaign_id = ? "
+                           "AND proposer = 'rules' ORDER BY problem_key, seq", [out.campaign_id]).fetchall()
+    finally:
+        con.close()
+    for key in {r[0] for r in rows}:
+        mine = [r[2] for r in rows if r[0] == key]
+        assert len(mine) == 8
+        assert not any(" measured" in why for why in mine[:4]), mine[:4]
+        assert all(re.search(r"after \d+ measured", why) for why in mine[4:]), mine[4:]

@@ -803,17 +803,21 @@ class ListedSpace(SearchSpace):
 
 
 def pending_limit(executor: Executor, batch_size: int, *, problems: int = 1) -> int:
-    """Configs of one problem queued or in flight at most: two batches; on an executor that
-    compiles ahead (RayExecutor with a compile pool), the problem's share of what the pipeline
-    holds at once (the pool's compiles, the compiled batches waiting for a GPU and those the
-    workers hold) and a batch more, if that is more: so that the `problems` still searching,
-    even one alone, keep every compile worker busy, and no proposer runs further ahead of its
-    results than that."""
+    """Configs of one problem queued or in flight at most: the `problems` still searching share
+    what keeps the executor busy, and none runs further ahead of its results than its share, or
+    one batch where the share is less. What keeps it busy: two batches (one running, one waiting);
+    on an executor that compiles ahead (RayExecutor with a compile pool), what the pipeline holds
+    at once (the pool's compiles, the compiled batches waiting for a GPU and those the workers
+    hold) and a batch more, if that is more. A problem alone gets it all. Where other problems
+    keep the GPUs busy, a proposer one batch ahead picks its second batch after its first
+    batch's results, not before: at 8 configs a problem, 4 picked after 4 results rather than
+    all 8 blind."""
     pool = getattr(executor, "pool", None)
-    if pool is None:
-        return 2 * batch_size
-    from tilepilot.orchestrator.ray_executor import READY_PER_GPU
+    need = 2 * batch_size
+    if pool is not None:
+        from tilepilot.orchestrator.ray_executor import READY_PER_GPU
 
-    gpus = sum(1 for slot in getattr(executor, "slots", ()) if not slot.quarantined)
-    pipeline = int(pool.capacity) + (READY_PER_GPU + int(getattr(executor, "per_worker", 1))) * gpus * batch_size
-    return max(2 * batch_size, -(-pipeline // max(1, problems)) + batch_size)
+        gpus = sum(1 for slot in getattr(executor, "slots", ()) if not slot.quarantined)
+        per_gpu = READY_PER_GPU + int(getattr(executor, "per_worker", 1))
+        need = max(need, int(pool.capacity) + per_gpu * gpus * batch_size + batch_size)
+    return max(batch_size, -(-need // max(1, problems)))
