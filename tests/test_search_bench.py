@@ -56,3 +56,32 @@ def test_the_history_arm_runs_the_store_heads_on_a_recorded_grid(tmp_path: Path,
         regret = rows[head]["regret"]
         assert regret["problems"] == 6 and 0 <= regret["problems_within_2pct_every_seed"] <= 6
         assert rows[head]["to_2pct"]["median"] >= 1
+
+
+def test_campaign_replay_runs_the_driver_on_a_recorded_grid_and_scores_every_winner(tmp_path: Path) -> None:
+    import campaign_replay  # type: ignore[import-not-found]
+
+    from tests.replay_fixture import PROBLEMS, write_dataset
+
+    dataset = write_dataset(tmp_path / "grid.jsonl")
+    out = tmp_path / "r.json"
+    assert campaign_replay.main(["--dataset", str(dataset), "--proposers", "rules", "--budget", "4",
+                                 "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    (grid,) = report["grids"]
+    assert grid["protocol"] == "shipped" and report["budget"] == 4
+    (row,) = grid["proposers"]
+    regrets = [p["regret"] for p in row["per_problem"].values()]
+    assert row["problems"] == len(regrets) == len(PROBLEMS)
+    assert all(r >= 0 for r in regrets) and row["within_2pct"] == sum(r <= 0.02 for r in regrets)
+
+
+def test_campaign_replay_refuses_a_missing_dataset_in_one_line(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import campaign_replay  # type: ignore[import-not-found]
+
+    with pytest.raises(SystemExit) as e:
+        campaign_replay.main(["--dataset", str(tmp_path / "nope.jsonl"), "--out", str(tmp_path / "r.json")])
+    assert e.value.code == 2
+    assert "--dataset" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "r.json").exists()
