@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.gated_executor import DriverThread, read, wait_for
-from tests.replay_fixture import synthetic_ms, write_campaign, write_dataset
+from tests.replay_fixture import PROBLEMS, synthetic_ms, write_campaign, write_dataset
 from tilepilot.experiments import Config, Environment, Hypothesis, Problem, Result, Scope, Status
 from tilepilot.experiments.hypothesis import HypothesisState
 from tilepilot.kernels.registry import get_family
@@ -229,14 +229,17 @@ def test_a_sweep_drops_nothing(tmp_path):
 
 
 def test_pinned_entry_stays_first_through_rescoring(tmp_path, dataset):
-    campaign = write_campaign(tmp_path / "c.toml", proposer="rules", budget=16, extra="hypothesis_share = 0\n")
+    # one problem: it runs two batches ahead, so its second batch waits in the queue while the first runs
+    one = "".join(f"{k} = {json.dumps(v)}\n" for k, v in PROBLEMS[0].items())
+    campaign = write_campaign(tmp_path / "c.toml", proposer="rules", budget=16,
+                              extra=f"hypothesis_share = 0\n[[problems]]\n{one}")
     run = DriverThread(campaign, dataset, tmp_path / "t.db").start()
     try:
         wait_for(lambda: len(run.executor.submitted) == 1, what="the first batch")
         first = run.executor.submitted[0].problem
         queued = read(run.db, "SELECT id, problem_key, config FROM queue WHERE state = 'queued' "
                               "ORDER BY priority DESC, id")
-        assert queued[0][1] == first.key() and queued[-1][1] != first.key()  # in turn: the first problem next
+        assert len(queued) == 4 and {q[1] for q in queued} == {first.key()}
         last_id, _, last_config = queued[-1]
         with Store(run.db) as person:
             request = person.add_request(run.campaign_id, "pin", queue_id=last_id)

@@ -110,8 +110,11 @@ def write_campaign(path: Path, name: str, problems: list[dict], *, proposer: str
 def setup(tmp_path: Path) -> dict[str, Path]:
     dataset = write_three(tmp_path / "three.jsonl")
     db = tmp_path / "t.db"
-    tune(TuneOptions(campaign=write_campaign(tmp_path / "a.toml", "a", [P1, P2], proposer="rules"),
-                     backend="replay", dataset=dataset, db=db))
+    # one cold campaign a problem: each runs two batches ahead, as a campaign of one problem does, and
+    # the two winners differ (on the synthetic grid P1 ties between two tiles); neither reads the other
+    for name, p in (("a", P1), ("a2", P2)):
+        tune(TuneOptions(campaign=write_campaign(tmp_path / f"{name}.toml", name, [p], proposer="rules"),
+                         backend="replay", dataset=dataset, db=db, cold=True))
     return {"dataset": dataset, "db": db, "root": tmp_path}
 
 
