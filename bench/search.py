@@ -95,9 +95,11 @@ import json
 import logging
 import math
 import multiprocessing as mp
+import random
 import statistics
 import sys
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,6 +125,7 @@ from tilepilot.storage.store import WinnerSource
 log = logging.getLogger("search")
 KERNEL = "matmul"
 BATCH = 4
+NOISE = 0.0  # --noise: log-normal spread of each measurement the proposer sees (0: the recorded times)
 TOLERANCE = 0.02
 PROPOSERS = ("random", "grid", "optuna", "optuna-gp", "rules", "portfolio")
 SLOW = ("optuna-gp", "portfolio+gp")  # run on the first --slow-seeds seeds only
@@ -149,6 +152,31 @@ class Trace:
 
     configs: tuple[Config, ...]
     times_ms: tuple[float | None, ...]  # None: the config did not give a timing
+    true_ms: tuple[float | None, ...] = ()  # with --noise: the recorded times under the noisy ones
+
+
+def noisy(result: Result, seed: int, spread: float) -> Result:
+    """The result as a measurement spread by a log-normal factor (sigma `spread`), drawn from the
+    seed, problem and config alone, so every proposer of a seed sees the same draw for a config."""
+    if result.timing is None or spread <= 0:
+        return result
+    key = f"{seed}|{result.problem.key()}|{result.config.key()}".encode()
+    f = math.exp(random.Random(zlib.crc32(key)).gauss(0.0, spread))
+    t = result.timing
+    return dataclasses.replace(result, timing=dataclasses.replace(
+        t, median_ms=t.median_ms * f, p20_ms=t.p20_ms * f, p80_ms=t.p80_ms * f, min_ms=t.min_ms * f))
+
+
+def declared(trace: Trace) -> tuple[float | None, ...]:
+    """After each config: the recorded time of the config the campaign would declare (the best it
+    measured, by its noisy times)."""
+    out: list[float | None] = []
+    best: int | None = None
+    for i, t in enumerate(trace.times_ms):
+        if t is not None and (best is None or t < (trace.times_ms[best] or math.inf)):
+            best = i
+        out.append(trace.true_ms[best] if best is not None else None)
+    return tuple(out)
 
 
 def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) -> Proposer:
@@ -175,12 +203,14 @@ def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) 
 
 def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, budget: int,
           constants: Constants | None = None, *, first: Sequence[Config] = (),
-          stop_ms: float | None = None, history: HistoryReader | None = None, bounded: bool = False) -> Trace:
+          stop_ms: float | None = None, history: HistoryReader | None = None, bounded: bool = False,
+          noise: float = 0.0) -> Trace:
     """One campaign of one problem, in process (the driver's propose/observe cycle, see the docstring).
 
     `first`: configs measured first (warm start), the proposer filling the first batch; `bounded`:
     only those it predicts no slower than its own first pick (as the driver queues a warm start);
-    `stop_ms`: stop once a config is at least this fast; `history`: the store the proposer reads.
+    `stop_ms`: stop once a config is at least this fast; `history`: the store the proposer reads;
+    `noise`: the proposer sees each time spread by it (`noisy`).
     """
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
@@ -188,6 +218,7 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     state = SearchState()
     configs: list[Config] = []
     times: list[float | None] = []
+    true: list[float | None] = []
     head = by_prediction([Candidate(problem, c, "warm-start", "") for c in first], p.score,
                          p.best_prediction() if bounded else None)[:budget]
     try:
@@ -206,17 +237,19 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
                 state.pending.add(cand.config)
             for cand in batch:
                 reason = space.check(cand.config, problem)
-                result = (Result(problem, cand.config, Status.INVALID, dataset.result(problem, cand.config).env,
-                                 message=reason) if reason else dataset.result(problem, cand.config))
+                recorded = (Result(problem, cand.config, Status.INVALID, dataset.result(problem, cand.config).env,
+                                   message=reason) if reason else dataset.result(problem, cand.config))
+                result = noisy(recorded, seed, noise)
                 state.pending.discard(cand.config)
                 state.results[cand.config] = result
                 p.observe([result])
                 if result.status.counts_against_budget:
                     configs.append(cand.config)
                     times.append(result.median_ms)
+                    true.append(recorded.median_ms)
     finally:
         p.close()
-    return Trace(tuple(configs), tuple(times))
+    return Trace(tuple(configs), tuple(times), tuple(true))
 
 
 def best_after(trace: Trace, n: int) -> float:
@@ -274,10 +307,10 @@ def fixed_list_regret(dataset: ReplayDataset, problem: Problem, size: int) -> tu
 _DATASET: ReplayDataset | None = None
 
 
-def _init(path: str, kernel: str = "matmul", batch: int = 4) -> None:
-    global _DATASET, KERNEL, BATCH
+def _init(path: str, kernel: str = "matmul", batch: int = 4, noise: float = 0.0) -> None:
+    global _DATASET, KERNEL, BATCH, NOISE
     logging.basicConfig(level=logging.WARNING)
-    KERNEL, BATCH = kernel, batch
+    KERNEL, BATCH, NOISE = kernel, batch, noise
     _DATASET = load_dataset(path, get_family(KERNEL))
 
 
@@ -291,8 +324,9 @@ def _task(args: Task) -> tuple[str, str, int, int, list[float | None], float]:
     reach = budget == len(_DATASET.records(problem))  # stop at the target: to_2pct reads no further
     stop_ms = (_DATASET.optimum_ms(problem) or math.inf) * (1 + TOLERANCE) if reach else None
     t0 = time.perf_counter()
-    trace = drive(_DATASET, problem, proposer, seed, budget, constants, stop_ms=stop_ms)
-    return proposer, problem_key, seed, budget, list(trace.times_ms), time.perf_counter() - t0
+    trace = drive(_DATASET, problem, proposer, seed, budget, constants, stop_ms=stop_ms, noise=NOISE)
+    times = list(declared(trace)) if NOISE else list(trace.times_ms)
+    return proposer, problem_key, seed, budget, times, time.perf_counter() - t0
 
 
 def _fit_task(train_keys: list[str]) -> Constants:
@@ -411,15 +445,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for name in proposers}
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.jobs, initializer=_init,
-                                      initargs=(str(args.dataset), KERNEL, BATCH)) as pool:
+                                      initargs=(str(args.dataset), KERNEL, BATCH, NOISE)) as pool:
         fitted = any(n in MODELLED for n in proposers)
         constants = fold_constants(pool, dataset, args.protocol) if fitted else {}
         if fitted:
             log.info("rules constants fitted (%s) in %.0f s", args.protocol, time.perf_counter() - t0)
-        tasks: list[Task] = [
+        tasks: list[Task] = [  # with --noise, the budgets only: a noisy time is no stop
             (name, p.key(), s, b, constants[p.key()] if name in MODELLED else None)
             for name in proposers for p in problems for s in seeds_of[name]
-            for b in [*budgets, len(dataset.records(p))]]
+            for b in [*budgets, *([] if NOISE else [len(dataset.records(p))])]]
         done = pool.map(_task, tasks, chunksize=1)
     wall = time.perf_counter() - t0
     by_key = {p.key(): p for p in problems}
@@ -438,7 +472,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if budget == len(dataset.records(p)):
                 reach.setdefault(p.label(), []).append(configs_to_reach(trace, opt * (1 + TOLERANCE)))
             if budget in regret:
-                regret[budget].setdefault(p.label(), []).append(best_after(trace, budget) / opt - 1.0)
+                at = (next((t for t in reversed(times[:budget]) if t is not None), math.inf) if NOISE
+                      else best_after(trace, budget))  # noise: the declared winner's recorded time
+                regret[budget].setdefault(p.label(), []).append(at / opt - 1.0)
         out[name] = {
             "seeds": len(seeds_of[name]),
             "to_2pct": {"held_out": summarise_reach(reach, held_out), "all": summarise_reach(reach, labels),
@@ -466,7 +502,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "rules_constants": {p.label(): dataclasses.asdict(c) for p in problems if (c := constants.get(p.key()))},
         "dev_problems": list(DEV_PROBLEMS),
         "held_out_problems": held_out,
-        "grid": grid, "budgets": budgets, "batch": BATCH, "tolerance": TOLERANCE, "seeds": seeds,
+        "grid": grid, "budgets": budgets, "batch": BATCH, "noise": NOISE, "tolerance": TOLERANCE, "seeds": seeds,
         "proposers": out,
         "wall_s": round(wall, 1),
     }
@@ -830,7 +866,7 @@ def history_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global KERNEL, BATCH
+    global KERNEL, BATCH, NOISE
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arm", choices=("search", "warm", "history"), default="search",
                    help="search: every proposer's efficiency; warm: warm start against a cold start; "
@@ -850,10 +886,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=BATCH,
                    help=f"configs proposed before any of them is answered (default {BATCH}, the driver's batch; "
                         "8 is the driver's first fill, two batches, as a campaign of one problem asks at budget 8)")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="--arm search: each time the proposer sees is the recorded one spread by a log-normal "
+                        "factor of this sigma (0.03: 3%%); regret is the recorded time of the config it would "
+                        "declare; no configs-to-2%% (default 0: the recorded times)")
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error(f"--batch {args.batch}: must be 1 or more")
-    BATCH = args.batch
+    if not 0 <= args.noise < 1:
+        p.error(f"--noise {args.noise}: must be at least 0 and below 1")
+    if args.noise and args.arm != "search":
+        p.error(f"--noise {args.noise}: only for --arm search")
+    BATCH, NOISE = args.batch, args.noise
     from tilepilot.experiments import InputError
     from tilepilot.kernels import family_names
     from tilepilot.orchestrator.replay import default_dataset

@@ -85,3 +85,35 @@ def test_campaign_replay_refuses_a_missing_dataset_in_one_line(tmp_path: Path,
     assert e.value.code == 2
     assert "--dataset" in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "r.json").exists()
+
+
+def test_noise_spreads_each_time_by_a_draw_of_the_seed_problem_and_config_and_the_winner_is_scored_by_its_recorded_time(
+) -> None:
+    from tilepilot.experiments import Config, Environment, Problem, Result, Status, Timing
+
+    problem = Problem.of({"M": 64, "N": 64, "K": 64, "dtype": "fp16"})
+    env = Environment(backend="replay", device="d", driver="", torch="", triton="")
+
+    def result(bm: int, ms: float) -> Result:
+        t = Timing(median_ms=ms, p20_ms=ms, p80_ms=ms, min_ms=ms, reps=1, l2_flushed=True, method="replay")
+        return Result(problem, Config.of({"BLOCK_SIZE_M": bm}), Status.OK, env, timing=t)
+
+    a, b = result(64, 1.0), result(128, 1.0)
+    assert search.noisy(a, 0, 0.0) is a  # no noise: the recorded result
+    assert search.noisy(a, 0, 0.05).median_ms == search.noisy(a, 0, 0.05).median_ms  # one draw a config
+    draws = {search.noisy(r, s, 0.05).median_ms for r in (a, b) for s in range(5)}
+    assert len(draws) == 10 and all(0.7 < d < 1.4 for d in draws)
+    # the campaign declares the best it measured; its regret is that config's recorded time
+    trace = search.Trace((a.config, b.config, a.config), (1.0, 0.9, 1.1), (1.0, 1.2, 0.8))
+    assert search.declared(trace) == (1.0, 1.2, 1.2)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--noise", "1.5"], "--noise 1.5: must be at least 0 and below 1"),
+    (["--noise", "0.02", "--arm", "warm"], "--noise 0.02: only for --arm search"),
+])
+def test_a_bad_noise_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        search.main([*argv, "--out", str(tmp_path / "out.json")])
+    assert e.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
