@@ -21,9 +21,7 @@ the reverse of the measurements), and a neighbour of the best measured config is
 error costs most.
 Untried values: once results are in, where every config measured or in flight shares one value of
 a tile parameter (block sizes, warps, stages; not an inert one) that the pool holds others of, one
-pick of the batch is the config with another value that the corrected model predicts fastest (no
-exploration bonus: it tests the preference where the model would back the other value), and its
-rationale says which
+pick of the batch is the best-scored config with another value, and its rationale says which
 ("tests num_warps=4: every config measured so far has num_warps=8"). Otherwise a model that prefers
 one value for every tile can spend a small budget without once testing the preference: on
 3000x5000x1000 fp16 it ranks 8 warps first for every tile, its 8 picks all had 8 warps, and the
@@ -158,10 +156,7 @@ class RulesProposer(Proposer):
             untried = None
             if local is None and not tested and measured >= self.settings.neighbour_after:
                 untried = self._untried(pool, alive, state.pending | {c.config for c in out})
-            # a test of the untried value takes the config with it that the corrected model backs:
-            # no exploration bonus, which would send it where nothing is known rather than where it is best
-            i, mean, std = self._pick(gp, pool, alive, local if untried is None else untried[0],
-                                      kappa=None if untried is None else 0.0)
+            i, mean, std = self._pick(gp, pool, alive, local if untried is None else untried[0])
             row = int(alive[i])
             alive = np.delete(alive, i)
             config = pool.configs[row]
@@ -524,11 +519,10 @@ class RulesProposer(Proposer):
         return tuple(out)
 
     def _pick(self, gp: ResidualGp, pool: _Pool, alive: np.ndarray,
-              among: np.ndarray | None = None, kappa: float | None = None) -> tuple[int, float, float]:
+              among: np.ndarray | None = None) -> tuple[int, float, float]:
         """The index in `alive` of the next pick (least lower confidence bound), its GP mean and std."""
         means, stds = _predict(gp, pool.coords[alive])
-        k = self.settings.kappa if kappa is None else kappa
-        score = pool.prior[alive] + means - k * stds
+        score = pool.prior[alive] + means - self.settings.kappa * stds
         if among is not None:
             score = np.where(among, score, np.inf)
         i = int(np.argmin(score))  # first minimum: ties keep the prior order
