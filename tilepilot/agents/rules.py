@@ -389,16 +389,16 @@ class RulesProposer(Proposer):
                         found.append((key, base + offset, config, _tuple(in_order(tile_steps + rest_steps))))
             if skipped:
                 log.debug("rules: %d tiles of %s cannot launch by the resource model", skipped, problem.label())
+            configs = [f[2] for f in found]
             steps = np.array([f[3] for f in found], dtype=np.int64).reshape(len(found), len(params))
-            coords = _positions(steps, self._grades) / np.asarray(self._scales, dtype=float)
-            shifts = self._shift_all([f[2] for f in found], coords)
+            positions = _positions(steps, self._grades)
+            keys = np.array([f[0] for f in found], dtype=float)
+            keys = keys + self._shift_all(configs, positions / np.asarray(self._scales, dtype=float))
             if self._read_learnings():
-                shifts = shifts + np.array([self._learned_shift(f[2])[0] for f in found])
-            found = [(key + float(shift), *rest) for (key, *rest), shift in zip(found, shifts, strict=True)]
-            found.sort(key=lambda f: (f[0], f[1]))
-            self._pool = _Pool.of([f[2] for f in found], np.array([f[0] for f in found], dtype=float),
-                                  np.array([f[3] for f in found], dtype=np.int64).reshape(len(found), len(params)),
-                                  self._grades, self._scales)
+                keys = keys + np.array([self._learned_shift(c)[0] for c in configs])
+            order = np.lexsort((np.array([f[1] for f in found], dtype=np.int64), keys))  # ties: space order
+            self._pool = _Pool.of([configs[i] for i in order], keys[order], steps[order], positions[order],
+                                  self._scales)
         return self._pool
 
     def _configs(self) -> list[Config]:
@@ -618,9 +618,8 @@ class _Pool:
     rows: dict[tuple[int, ...], int]  # steps -> row
 
     @classmethod
-    def of(cls, configs: list[Config], prior: np.ndarray, steps: np.ndarray, grades: list[tuple[float, ...]],
+    def of(cls, configs: list[Config], prior: np.ndarray, steps: np.ndarray, positions: np.ndarray,
            scales: tuple[float, ...]) -> _Pool:
-        positions = _positions(steps, grades) if len(configs) else np.zeros((0, len(scales)))
         coords = positions / np.asarray(scales, dtype=float)
         rows = {tuple(int(v) for v in s): i for i, s in enumerate(steps)}
         return cls(configs, prior, steps, positions, coords, rows)
@@ -687,7 +686,6 @@ def _shape_distance(a: Problem, b: Problem) -> float:
     assert da is not None and db is not None
     d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:3], db[:3], strict=True))
     return math.sqrt(d2 + (da[3] != db[3]))
-
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]
