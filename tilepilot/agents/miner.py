@@ -357,6 +357,5 @@ def _choices(spaces: Sequence[SearchSpace]) -> dict[str, tuple[Value, ...]]:
     return {name: tuple(values) for name, values in ordered.items() if len(values) > 1}
 
 
-
 def _seed(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big")

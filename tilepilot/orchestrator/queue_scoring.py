@@ -199,7 +199,6 @@ def _test_tier(h: HypothesisStatus) -> tuple[int, str]:
     return KEEP, ""
 
 
-
 # ---- failure regions ---------------------------------------------------------------------------
 
 class FailureRegions:

@@ -150,4 +150,3 @@ def _fits(space: SearchSpace, problem: Problem, config: Config) -> Config | None
     except InputError:
         return None
     return parsed if space.check(parsed, problem) is None else None
-
