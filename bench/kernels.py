@@ -164,9 +164,9 @@ def arm_plan(flush_l2: bool) -> Any:
 class Arms:
     """Named launch closures for one problem, each checked against the reference."""
 
-    def __init__(self, family: Any, problem: Problem, target: Any) -> None:
-        self.family, self.problem, self.target = family, problem, target
-        self.inputs = family.make_inputs(problem, 0, "cuda")
+    def __init__(self, family: Any, problem: Problem, target: Any, device: str = "cuda") -> None:
+        self.family, self.problem, self.target, self.device = family, problem, target, device
+        self.inputs = family.make_inputs(problem, 0, device)
         self.ref = family.reference(problem, self.inputs)
         self.launches: dict[str, Callable[[], None]] = {}
         self.notes: dict[str, dict[str, Any]] = {}
@@ -179,7 +179,8 @@ class Arms:
             fn = make(out)
             poison(out)
             got = fn()
-            torch.cuda.synchronize()
+            if self.device == "cuda":
+                torch.cuda.synchronize()
             # a baseline that returns its result instead of writing `out` is checked on what it returned
             err = self.family.error(self.problem, out if got is None or written(out) else got, self.ref)
         except Exception as e:  # an arm that cannot run is reported, the others go on
@@ -193,18 +194,19 @@ class Arms:
             return
         self.launches[arm] = fn
 
-    def baseline(self, name: str, **note: Any) -> None:
-        """The family's baseline (cuBLAS for matmul) as the arm `name`."""
-        self.add(name, lambda out: self.family.baseline(self.problem, self.inputs, out), **note)
+    def baseline(self, arm: str, /, **note: Any) -> None:
+        """The family's baseline (cuBLAS for matmul) as the arm `arm`; `note` is kept with it (its
+        `name`, say)."""
+        self.add(arm, lambda out: self.family.baseline(self.problem, self.inputs, out), **note)
 
-    def config(self, name: str, config: Config) -> None:
+    def config(self, arm: str, config: Config) -> None:
         family, problem = self.family, self.problem
 
         def make(out: Any) -> Callable[[], None]:
             compiled = family.compile(problem, config, self.target)
             return family.launcher(problem, config, self.inputs, out, compiled)
 
-        self.add(name, make, config=config.as_dict())
+        self.add(arm, make, config=config.as_dict())
 
     def time(self, timer: Any, flush_l2: bool, extra: dict[str, Callable[[], None]] | None = None) -> dict[str, Any]:
         """Arm name -> Timing: every arm that passed its check, and the `extra` launches (checked

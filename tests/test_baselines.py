@@ -36,3 +36,20 @@ def test_the_baseline_computes_the_reference_answer(kernel: str) -> None:
     assert written(out) or got is not None, "the baseline neither wrote out nor returned a result"
     err = family.error(problem, out if written(out) else got, family.reference(problem, inputs))
     assert 0 <= err <= family.tolerance(problem), err
+
+
+@pytest.mark.parametrize("kernel", sorted(SMALL))
+def test_bench_kernels_baseline_arm_is_checked_and_keeps_its_name(kernel: str) -> None:
+    # bench/kernels.py's baseline arm, as bench_problem adds it: checked against the reference,
+    # ready to time, the baseline's name kept in the arm's notes
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import kernels  # type: ignore[import-not-found]
+
+    family = get_family(kernel)
+    arms = kernels.Arms(family, family.parse_problem(SMALL[kernel]), None, device="cpu")
+    arms.baseline("baseline", name=family.baseline_name)
+    assert arms.notes["baseline"]["name"] == family.baseline_name
+    assert "error" not in arms.notes["baseline"] and "baseline" in arms.launches
