@@ -41,6 +41,10 @@ its own cuBLAS times (data/replay/matmul-variants-streamk-h100.jsonl.gz).
 `--wide-only` (matmul): VARIANT=tma at BLOCK_SIZE_N 160 and 192 alone (`wide_grid`), shipped as its
 own dataset with its own cuBLAS times (data/replay/matmul-variants-wide-h100.jsonl.gz).
 
+`--narrow-only` (matmul): tiles 16 and 32 columns wide alone (`narrow_grid`), on the decode shapes
+(`--problems decode`: M <= 256), shipped as its own dataset with its own cuBLAS times
+(data/replay/matmul-variants-narrow-h100.jsonl.gz).
+
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
 interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`
 re-times 10 recorded configs per problem in a new process and compares medians.
@@ -171,6 +175,21 @@ def wide_grid(problem: Problem) -> list[Config]:
             for bm, bn, bk, w, s in itertools.product([64, 128, 256], [160, 192], [32, 64, 128], [4, 8], [3, 4])]
 
 
+def narrow_grid(problem: Problem) -> list[Config]:
+    """Tiles 16 and 32 columns wide (`--narrow-only`, recorded apart, with their own cuBLAS times, on the
+    decode shapes, M <= 256): N/32 programs fill the SMs without splitting K, so no fp32 partials are
+    written, and B, the weight read once, is the only traffic that counts:
+    - grouped: BLOCK_SIZE_M {16,32,64} × BLOCK_SIZE_N {16,32} × BLOCK_SIZE_K {128,256} × warps {2,4}
+      × stages {3,4,5} (72);
+    - splitk_fused at 32 columns: BLOCK_SIZE_M {16,64} × BLOCK_SIZE_K {128,256} × stages {3,5} ×
+      SPLIT_K {2,4}, 4 warps (16)."""
+    out = [tile_config(bm, bn, bk, w, s)
+           for bm, bn, bk, w, s in itertools.product([16, 32, 64], [16, 32], [128, 256], [2, 4], [3, 4, 5])]
+    out += [tile_config(bm, 32, bk, 4, s, VARIANT="splitk_fused", SPLIT_K=k)
+            for bm, bk, s, k in itertools.product([16, 64], [128, 256], [3, 5], [2, 4])]
+    return out
+
+
 def tile_config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
     """A matmul config as the recorded grids hold it: the tile, GROUP_SIZE_M 8, and every variant
     parameter at its default unless given."""
@@ -199,6 +218,8 @@ def problem_specs(arg: str) -> list[str]:
         return REQUIRED + EXTRA
     if arg == "required":
         return REQUIRED
+    if arg == "decode":
+        return [s for s in REQUIRED + EXTRA if int(s.split("x")[0]) <= 256]
     return [s.strip() for s in arg.split(",") if s.strip()]
 
 
@@ -314,6 +335,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             return streamk_grid(p)
         if args.wide_only:
             return wide_grid(p)
+        if args.narrow_only:
+            return narrow_grid(p)
         return variants_grid(p) if args.variants else configs_all
 
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
@@ -551,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wide-only", action="store_true",
                    help="matmul: record only VARIANT=tma at BLOCK_SIZE_N 160 and 192 (wide_grid), e.g. --out "
                         "data/replay/matmul-variants-wide-h100.jsonl")
+    p.add_argument("--narrow-only", action="store_true",
+                   help="matmul: record only tiles 16 and 32 columns wide (narrow_grid), e.g. --problems decode "
+                        "--out data/replay/matmul-variants-narrow-h100.jsonl")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

@@ -342,6 +342,29 @@ def test_recorded_streamk_and_wide_datasets_are_each_problems_grid_with_cublas(n
     assert {r.status for r in ds.records(unaligned).values()} == {Status.INVALID}
 
 
+def test_recorded_narrow_dataset_is_each_decode_problems_grid_with_cublas() -> None:
+    import sys
+
+    from tilepilot.experiments import Status
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import record  # type: ignore[import-not-found]
+
+    ds = load_dataset(DATA_DIR / "matmul-variants-narrow-h100.jsonl.gz", FAMILY)
+    decode = record.problems_for("matmul", "decode")
+    assert {p.key() for p in ds.problems} == {p.key() for p in decode} and all(p["M"] <= 256 for p in decode)
+    assert len(decode) == 8
+    for p in ds.problems:
+        records = ds.records(p)
+        assert set(records) == set(record.narrow_grid(p)), p.label()
+        for c, r in records.items():  # refused configs recorded as invalid, never timed; no failure otherwise
+            assert (FAMILY.space().check(c, p) is None) == (r.status is not Status.INVALID), (p.label(), c.label())
+            assert r.status in (Status.OK, Status.INVALID), (p.label(), c.label(), r.message)
+        assert ds.baseline(p)[0] == FAMILY.baseline_name
+        assert max(int(c["BLOCK_SIZE_N"]) for c in records) == 32
+
+
 def test_the_tuned_arms_finalists_hold_each_recorded_variants_fastest_config() -> None:
     import sys
 
