@@ -285,25 +285,17 @@ def test_pending_limit_scales_with_the_compile_pool():
     assert pending_limit(ray_like, 4) == need
     assert pending_limit(ray_like, 4, problems=3) == -(-need // 3)  # shared by the problems searching
     assert 3 * pending_limit(ray_like, 4, problems=3) >= need  # which still keep it busy
-    assert pending_limit(ray_like, 4, problems=64) == 8  # never below two batches
-    assert pending_limit(ray_like, 4, problems=64, budget=8) == 4  # or one, at a small budget
+    assert pending_limit(ray_like, 4, problems=64) == 4  # never below one batch
     assert pending_limit(SimpleNamespace(pool=SimpleNamespace(capacity=0), slots=[], per_worker=2), 4) == 8
 
 
-def test_problems_sharing_an_executor_run_one_batch_ahead_of_their_results_at_a_small_budget():
-    # Two batches keep a worker busy; where several problems search with a budget of a few batches,
-    # they share them, so none proposes its next batch before its last one's results are in.
-    assert pending_limit(SimpleNamespace(), 4, problems=1, budget=8) == 8
-    assert pending_limit(SimpleNamespace(), 4, problems=2, budget=8) == 4
-    assert pending_limit(SimpleNamespace(), 4, problems=29, budget=8) == 4
-    assert pending_limit(SimpleNamespace(), 4, problems=3, budget=15) == 4
-    # a large budget keeps each problem's next batch ready: two batches of 16 or more configs picked blind cost little
-    assert pending_limit(SimpleNamespace(), 4, problems=29, budget=16) == 8
-    assert pending_limit(SimpleNamespace(), 4, problems=29) == 8
-    slot = SimpleNamespace(quarantined=False)
-    ray_like = SimpleNamespace(pool=SimpleNamespace(capacity=56), slots=[slot] * 4, per_worker=1)
-    assert pending_limit(ray_like, 16, problems=32, budget=100_000) == 32
-    assert pending_limit(ray_like, 16, problems=32, budget=9) == 16
+def test_problems_sharing_an_executor_run_one_batch_ahead_of_their_results():
+    # Two batches keep a worker busy; where several problems search, they share them, so none
+    # proposes its next batch before its last one's results are in.
+    assert pending_limit(SimpleNamespace(), 4, problems=1) == 8
+    assert pending_limit(SimpleNamespace(), 4, problems=2) == 4
+    assert pending_limit(SimpleNamespace(), 4, problems=29) == 4
+    assert pending_limit(SimpleNamespace(), 4, problems=3) == 4
 
 
 def test_queue_heads_follow_the_dispatch_order(tmp_path):

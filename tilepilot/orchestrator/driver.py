@@ -69,7 +69,6 @@ SAMPLE_EVERY_S = 5.0
 TOP_K_REMEASURE = 5  # finalists re-measured interleaved before a winner is declared
 IDLE_S = 0.2  # wait per step while paused or stopping with nothing running
 HEADS = 64  # queued rows read at once to pick batches from (see `_dispatch`)
-BLIND_BATCHES = 4  # a budget under this many batches a problem runs one batch ahead (`pending_limit`)
 
 
 @dataclass
@@ -290,7 +289,7 @@ class Driver:
 
     def _fill(self) -> None:
         active = sum(1 for run in self.runs.values() if not run.exhausted and run.counted < self.campaign.budget)
-        limit = pending_limit(self.executor, self.batch_size, problems=active, budget=self.campaign.budget)
+        limit = pending_limit(self.executor, self.batch_size, problems=active)
         for run in self.runs.values():
             want = min(self.campaign.budget - run.counted - len(run.state.pending) - run.reserved,
                        limit - len(run.state.pending))
@@ -803,20 +802,16 @@ class ListedSpace(SearchSpace):
         return list(listings[problem])
 
 
-def pending_limit(executor: Executor, batch_size: int, *, problems: int = 1, budget: int | None = None) -> int:
+def pending_limit(executor: Executor, batch_size: int, *, problems: int = 1) -> int:
     """Configs of one problem queued or in flight at most: the `problems` still searching share
     what keeps the executor busy, and none runs further ahead of its results than its share, or
-    two batches where the share is less (its next batch ready while one runs). What keeps it busy:
-    two batches (one running, one waiting); on an executor that compiles ahead (RayExecutor with a
-    compile pool), what the pipeline holds at once (the pool's compiles, the compiled batches
-    waiting for a GPU and those the workers hold) and a batch more, if that is more. A problem
-    alone gets it all. A small budget (under BLIND_BATCHES batches a problem) runs one batch ahead
-    instead of two, where other problems keep the executor busy: two batches ahead would pick most
-    of it before any result (at 8 configs, all 8 blind rather than 4 after 4 results). A large one
-    keeps two: with one, each problem's next batch waits for its last one's results (on 4 GPUs,
-    32 problems, batches of 16: 6.9 configs a batch reached the GPUs instead of 13, and their
-    processes were busy 93% of the time instead of 99%; bench/results/throughput-scale-h200x4-*)."""
-    few = budget is not None and budget < BLIND_BATCHES * batch_size
+    one batch where the share is less. What keeps it busy: two batches (one running, one waiting);
+    on an executor that compiles ahead (RayExecutor with a compile pool), what the pipeline holds
+    at once (the pool's compiles, the compiled batches waiting for a GPU and those the workers
+    hold) and a batch more, if that is more. A problem alone gets it all. Where other problems
+    keep the GPUs busy, a proposer one batch ahead picks its second batch after its first
+    batch's results, not before: at 8 configs a problem, 4 picked after 4 results rather than
+    all 8 blind."""
     pool = getattr(executor, "pool", None)
     need = 2 * batch_size
     if pool is not None:
@@ -825,4 +820,4 @@ def pending_limit(executor: Executor, batch_size: int, *, problems: int = 1, bud
         gpus = sum(1 for slot in getattr(executor, "slots", ()) if not slot.quarantined)
         per_gpu = READY_PER_GPU + int(getattr(executor, "per_worker", 1))
         need = max(need, int(pool.capacity) + per_gpu * gpus * batch_size + batch_size)
-    return max(batch_size if few else 2 * batch_size, -(-need // max(1, problems)))
+    return max(batch_size, -(-need // max(1, problems)))
