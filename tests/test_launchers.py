@@ -76,6 +76,8 @@ CONFIGS = [
     {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 3},
     {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 3,
      "VARIANT": "splitk", "SPLIT_K": 2},
+    {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8, "num_warps": 4, "num_stages": 3,
+     "VARIANT": "tma"},  # its tensor descriptors are arguments of the launcher's own kind
 ]
 
 
@@ -99,10 +101,10 @@ def test_the_gpu_process_builds_no_launcher_the_compiler_built(tmp_path: Path, l
     env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
     env.pop("TRITON_INTERPRET", None)
     compiled = _run(COMPILE, {**env, "CUDA_VISIBLE_DEVICES": ""}, json.dumps(CONFIGS), "1" if launchers else "0")
-    assert [status for status, _ in compiled] == ["ok", "ok"]
+    assert [status for status, _ in compiled] == ["ok", "ok", "ok"]
     if launchers:
-        # the grouped kernel's, the split-K kernel's and its reduction's: three signatures
-        assert sum(built for _, built in compiled) == 3
+        # the grouped kernel's, the split-K kernel's and its reduction's, the tma kernel's: four signatures
+        assert sum(built for _, built in compiled) == 4
     evaluated = _run(EVALUATE, env, json.dumps(CONFIGS))
-    assert evaluated["statuses"] == ["ok", "ok"]
-    assert evaluated["compiles"] == (0 if launchers else 3)
+    assert evaluated["statuses"] == ["ok", "ok", "ok"]
+    assert evaluated["compiles"] == (0 if launchers else 4)
