@@ -1,11 +1,13 @@
 """What a CPU-side benchmark record says about where it ran: the machine (CPU model, cores,
-platform, Python, load and niceness at the start) and the commit of the code it measured."""
+platform, Python, load and niceness at the start) and the commit of the code it measured; and
+`run_main`, which every benchmark's `main` runs under (a bad input: one line, exit code 2)."""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +34,18 @@ def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def run_main(main: Callable[[], int | None]) -> int:
+    """A benchmark's `main`, its exit code returned; a bad input or a missing backend (no CUDA GPU
+    for a GPU benchmark: `InputError` and its kinds) ends it with one line on stderr and exit code 2,
+    not a traceback."""
+    import sys
+
+    from tilepilot.experiments import InputError
+
+    try:
+        return main() or 0
+    except InputError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        return 2

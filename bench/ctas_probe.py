@@ -66,4 +66,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))

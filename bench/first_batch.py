@@ -120,8 +120,11 @@ def main() -> int:
     import torch
     import triton
 
+    from tilepilot.experiments import BackendUnavailable
     from tilepilot.kernels import telemetry
 
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("no CUDA GPU visible to torch: this benchmark times on a GPU")
     arms = [arm(launchers) for _ in range(a.repeats) for launchers in (False, True)]
     for r in arms:
         print(("launchers " if r["launchers_prebuilt"] else "plain     "), json.dumps(r["gpu"]["steps_ms"]),
@@ -137,4 +140,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))

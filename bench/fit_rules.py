@@ -180,4 +180,6 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    raise SystemExit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))

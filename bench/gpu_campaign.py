@@ -252,4 +252,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))

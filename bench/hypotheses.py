@@ -210,4 +210,6 @@ def _tagged(every: list[tuple[HypothesisRow, GridCheck]],
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))

@@ -96,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--configs", type=int, default=24, help="tiles per variant")
     args = ap.parse_args(argv)
+    import torch
+
+    from tilepilot.experiments import BackendUnavailable
+
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("no CUDA GPU visible to torch: this probe times on a GPU")
     cs = configs(args.configs)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as cache:
@@ -131,4 +137,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))

@@ -13,6 +13,7 @@ Needs a CUDA GPU. Uses the evaluator's internals; a probe, not a campaign.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import statistics
@@ -83,7 +84,10 @@ def heat(ev: Evaluator, problem: Problem, configs: list[Config], seconds: float)
     return trace
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="the JSON file to write, e.g. bench/results/remeasure-probe-h100.json")
+    args = ap.parse_args(argv)
     import torch
 
     ev = Evaluator("gpu")
@@ -106,9 +110,11 @@ def main() -> int:
                 print(name, k, "median", v["spreads"], "p20", v["p20_spreads"], "min", v["min_spreads"],
                       [[round(x * 1e3, 2) for x in m] for m in v["medians"]], [c["mhz"] for c in v["clocks"]],
                       flush=True)
-    Path(sys.argv[1]).write_text(json.dumps(out) + "\n")
+    Path(args.out).write_text(json.dumps(out) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))

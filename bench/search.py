@@ -954,4 +954,6 @@ def _finite(x: Any) -> Any:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))

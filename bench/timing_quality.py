@@ -353,4 +353,6 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))
