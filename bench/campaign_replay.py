@@ -33,6 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_env import git  # noqa: E402
+
 from tilepilot.agents.tile_model import CONSTANTS_ENV  # noqa: E402
 from tilepilot.experiments import Problem  # noqa: E402
 from tilepilot.kernels.registry import get_family  # noqa: E402
@@ -148,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"within 2%, mean regret {100 * row['mean_regret']:.2f}%, worst {100 * row['worst_regret']:.2f}% "
                   f"({worst[0]})", flush=True)
         grids.append({"dataset": Path(path).name, "protocol": protocol, "proposers": rows})
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD")
     report = {"what": "whole campaigns (tune --backend replay --cold), winners scored by recorded time / grid optimum",
               "command": " ".join(["python", "bench/campaign_replay.py", *(argv or sys.argv[1:])]),
               "date": dt.date.today().isoformat(), "commit": commit, "note": args.note, "budget": args.budget,
