@@ -149,13 +149,16 @@ class RulesProposer(Proposer):
         self._believe_pending(gp, xs, ys, state.pending)
         best = state.best()
         out: list[Candidate] = []
-        tested = False  # one pick of this batch has taken a value no measured config has
+        # one pick of this batch takes a value no measured config has; once there is none to take,
+        # the batch's picks (more values seen, fewer configs left) cannot make one
+        tested = False
         for _ in range(min(n, len(alive))):
             self._picks += 1
             local = self._local_step(pool, alive, best, measured)
             untried = None
             if local is None and not tested and measured >= self.settings.neighbour_after:
                 untried = self._untried(pool, alive, state.pending | {c.config for c in out})
+                tested = untried is None
             i, mean, std = self._pick(gp, pool, alive, local if untried is None else untried[0])
             row = int(alive[i])
             alive = np.delete(alive, i)
