@@ -149,3 +149,20 @@ def test_a_timing_after_an_idle_spell_wakes_the_gpu_first(timer: Any) -> None:
     time.sleep(IDLE_S + 0.2)
     timer.time([[launch]], plan, lambda i: None)
     assert timer.wakes == before + 1
+
+
+def test_a_slow_launch_from_the_host_does_not_make_a_short_kernel_look_long(timer: Any) -> None:
+    """The host spends 0.1 ms before each launch of a kernel of a few µs: its estimate is still the
+    GPU's time, so it is timed by graph replay (by events it would read the host's 0.1 ms)."""
+    import time
+
+    x = torch.randn(1 << 16, device="cuda")
+
+    def launch() -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 1e-4:
+            pass
+        x.mul_(1.0)
+
+    [t] = timer.time([[launch]], plan(flush_l2=False, rounds=3, time_cap_ms=5.0), lambda i: None)
+    assert t.method == "cuda-graph" and t.median_ms < 0.05, t

@@ -25,7 +25,9 @@ twice its size zeroed) before each launch, outside the events, and the kernel is
 events around each launch. Warm (not `flush_l2`): launches rotate over the input sets given.
 
 A short spin kernel at the start of each block keeps the GPU ahead of the host, so that launch
-overhead stays outside the events. The device is synchronised after every block, so that an
+overhead stays outside the events; the launches that estimate a kernel's time queue behind a spin
+longer than the host takes to issue them (a slow launch from the host would otherwise read as a
+long kernel and be timed by events, host-bound). The device is synchronised after every block, so that an
 error is raised while its kernel's block runs. Timing runs on a side stream of its own.
 
 CPU (method "cpu-wallclock", for the interpreter): `rounds` rounds of one launch each, timed
@@ -59,6 +61,7 @@ MAX_SAMPLES = 100  # samples in one events block
 WARMUP_LAUNCHES = 2
 ESTIMATE_LAUNCHES = 3
 SPIN_CYCLES = 200_000  # ~0.1 ms at 2 GHz
+MAX_ESTIMATE_SPIN_MS = 5.0  # the longest spin ahead of the estimate's launches
 IDLE_S = 1.0  # idle this long, a GPU has lowered its clocks
 WAKE_MS = 30.0  # busy time that brings them back before timing
 MIN_SPREAD_SAMPLES = 5  # fewer samples say too little about their spread to stop on it
@@ -266,8 +269,18 @@ class GpuTimer:
         span = self._events(1)[0]
         pairs = self._events(ESTIMATE_LAUNCHES)
         span[0].record()
+        host_s = 0.0
         for _ in range(WARMUP_LAUNCHES):
+            t0 = time.perf_counter()
             fn()
+            host_s = time.perf_counter() - t0  # the last warm-up's: the first may set things up
+        # the estimate's launches queue behind a spin that lasts longer than the host takes to
+        # issue them, so that each pair of events brackets the kernel's GPU time and not the
+        # host's launch latency (a slow host would otherwise push a short kernel past
+        # graph_below_ms and into host-bound event timing)
+        if hasattr(torch.cuda, "_sleep"):
+            spin_ms = min(MAX_ESTIMATE_SPIN_MS, max(0.1, 2e3 * host_s * ESTIMATE_LAUNCHES))
+            torch.cuda._sleep(int(SPIN_CYCLES * spin_ms / 0.1))
         for start, end in pairs:
             start.record()
             fn()
