@@ -166,3 +166,25 @@ def test_a_slow_launch_from_the_host_does_not_make_a_short_kernel_look_long(time
 
     [t] = timer.time([[launch]], plan(flush_l2=False, rounds=3, time_cap_ms=5.0), lambda i: None)
     assert t.method == "cuda-graph" and t.median_ms < 0.05, t
+
+
+def test_a_kernel_timed_by_events_whose_launch_is_slower_than_it_reads_its_gpu_time(timer: Any) -> None:
+    """A kernel of about 0.1 ms whose every launch costs the host 0.2 ms: timed by events (it is
+    not short), each sample queues behind a spin, so it reads what the same kernel launched without
+    the delay reads, timed with it (back to back it would read the host's 0.2 ms)."""
+    import time
+
+    x = torch.randn(1 << 25, device="cuda")
+
+    def fast() -> None:
+        x.mul_(1.0)
+
+    def slow() -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 2e-4:
+            pass
+        x.mul_(1.0)
+
+    quick, delayed = timer.time([[fast], [slow]], plan(flush_l2=False, rounds=3, time_cap_ms=10.0), lambda i: None)
+    assert quick.method == delayed.method == "cuda-events"
+    assert quick.median_ms < 0.15 and delayed.median_ms < 1.2 * quick.median_ms, (quick, delayed)

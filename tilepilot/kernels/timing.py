@@ -27,8 +27,11 @@ events around each launch. Warm (not `flush_l2`): launches rotate over the input
 A short spin kernel at the start of each block keeps the GPU ahead of the host, so that launch
 overhead stays outside the events; the launches that estimate a kernel's time queue behind a spin
 longer than the host takes to issue them (a slow launch from the host would otherwise read as a
-long kernel and be timed by events, host-bound). The device is synchronised after every block, so that an
-error is raised while its kernel's block runs. Timing runs on a side stream of its own.
+long kernel and be timed by events, host-bound), and a kernel timed by events whose launch takes
+the host at least HOST_BOUND of its GPU time (a chain of eager PyTorch operations, say) gets such
+a spin before each sample, so that its samples are GPU time as graph replay's are. The device
+is synchronised after every block, so that an error is raised while its kernel's block runs.
+Timing runs on a side stream of its own.
 
 CPU (method "cpu-wallclock", for the interpreter): `rounds` rounds of one launch each, timed
 with perf_counter. These are CPU timings and are labelled so.
@@ -62,6 +65,8 @@ WARMUP_LAUNCHES = 2
 ESTIMATE_LAUNCHES = 3
 SPIN_CYCLES = 200_000  # ~0.1 ms at 2 GHz
 MAX_ESTIMATE_SPIN_MS = 5.0  # the longest spin ahead of the estimate's launches
+HOST_BOUND = 0.5  # events: a kernel whose launch takes the host this share of its GPU time or more
+MAX_SAMPLE_SPIN_MS = 20.0  # gets a spin ahead of each sample, at most this long
 IDLE_S = 1.0  # idle this long, a GPU has lowered its clocks
 WAKE_MS = 30.0  # busy time that brings them back before timing
 MIN_SPREAD_SAMPLES = 5  # fewer samples say too little about their spread to stop on it
@@ -178,6 +183,7 @@ class Track:
     flush: bool  # flush L2 before each launch (events only)
     method: str = METHOD_EVENTS
     estimate_ms: float = 0.0
+    host_ms: float = 0.0  # the host's time to issue one launch (median of the estimate's)
     per_block: int = 1  # samples per block (events: runs of launches; graph: replays)
     per_sample: int = 1  # events: launches between one pair of events
     cursor: int = 0  # the next launch (events) or graph (graph) to run
@@ -277,18 +283,21 @@ class GpuTimer:
         # the estimate's launches queue behind a spin that lasts longer than the host takes to
         # issue them, so that each pair of events brackets the kernel's GPU time and not the
         # host's launch latency (a slow host would otherwise push a short kernel past
-        # graph_below_ms and into host-bound event timing)
-        if hasattr(torch.cuda, "_sleep"):
-            spin_ms = min(MAX_ESTIMATE_SPIN_MS, max(0.1, 2e3 * host_s * ESTIMATE_LAUNCHES))
-            torch.cuda._sleep(int(SPIN_CYCLES * spin_ms / 0.1))
+        # graph_below_ms and into host-bound event timing); a kernel timed by events whose launch
+        # takes the host HOST_BOUND of its GPU time or more gets such a spin before each sample
+        self._spin(min(MAX_ESTIMATE_SPIN_MS, max(0.1, 2e3 * host_s * ESTIMATE_LAUNCHES)))
+        host = []
         for start, end in pairs:
             start.record()
+            t0 = time.perf_counter()
             fn()
+            host.append(time.perf_counter() - t0)
             end.record()
         span[1].record()
         torch.cuda.synchronize()
         t.timed_ms += span[0].elapsed_time(span[1])
         t.estimate_ms = max(quantile(sorted(s.elapsed_time(e) for s, e in pairs), 0.5), 1e-4)
+        t.host_ms = 1e3 * quantile(sorted(host), 0.5)
         if not t.flush and t.estimate_ms < plan.graph_below_ms and self._capture(t):
             t.method = METHOD_GRAPH
             mean_launches = sum(n for _, n in t.graphs) / len(t.graphs)
@@ -348,10 +357,10 @@ class GpuTimer:
         n = t.per_block
         pairs = self._events(n)
         span = self._events(1)[0]
-        if hasattr(torch.cuda, "_sleep"):
-            torch.cuda._sleep(SPIN_CYCLES)
+        self._spin(0.1)
         span[0].record()
         launched: list[int] = []
+        host_bound = t.host_ms >= HOST_BOUND * t.estimate_ms
         for start, end in pairs:
             if t.method == METHOD_GRAPH:
                 g, count = t.graphs[t.cursor % len(t.graphs)]
@@ -360,6 +369,8 @@ class GpuTimer:
                 t.cursor += 1
             else:
                 count = t.per_sample
+                if host_bound:  # the sample's launches queue behind a spin, as the estimate's did
+                    self._spin(min(MAX_SAMPLE_SPIN_MS, 1.5 * t.host_ms * count))
                 if t.flush:
                     self.flush()
                 start.record()
@@ -372,6 +383,12 @@ class GpuTimer:
         torch.cuda.synchronize()
         t.samples.extend(s.elapsed_time(e) / k for (s, e), k in zip(pairs, launched, strict=True))
         t.timed_ms += span[0].elapsed_time(span[1])
+
+    def _spin(self, ms: float) -> None:
+        """Keep the GPU busy for about `ms` (a spin kernel on the current stream), so that what
+        the host issues meanwhile queues behind it."""
+        if hasattr(self._torch.cuda, "_sleep"):
+            self._torch.cuda._sleep(int(SPIN_CYCLES * ms / 0.1))
 
     def _events(self, n: int) -> list[tuple[Any, Any]]:
         event = self._torch.cuda.Event
