@@ -1,13 +1,15 @@
 """What a CPU-side benchmark record says about where it ran: the machine (CPU model, cores,
-platform, Python, load and niceness at the start) and the commit of the code it measured; and
-`run_main`, which every benchmark's `main` runs under (a bad input: one line, exit code 2)."""
+platform, Python, load and niceness at the start) and the commit of the code it measured;
+`run_main`, which every benchmark's `main` runs under (a bad input: one line, exit code 2); and
+`campaign_toml`, the campaign file the benchmarks that run `tilepilot tune` write."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +51,19 @@ def run_main(main: Callable[[], int | None]) -> int:
     except InputError as e:
         print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
         return 2
+
+
+def campaign_toml(name: str, kernel: str, proposer: str, budget: int, *, seed: int = 0,
+                  space: Mapping[str, Sequence[Any]] | None = None, configs: Iterable[Mapping[str, Any]] = (),
+                  problems: Iterable[Mapping[str, Any]] = (), **settings: Any) -> str:
+    """A campaign file's text: its [campaign] table (name, kernel, proposer, budget per problem,
+    seed, then `settings` such as hypothesis_share=0), the [space] limits, the [[configs]] to run
+    first and the [[problems]]."""
+    head = {"name": name, "kernel": kernel, "proposer": proposer, "budget": budget, "seed": seed, **settings}
+    lines = ["[campaign]", *(f"{k} = {json.dumps(v)}" for k, v in head.items())]
+    if space:
+        lines += ["", "[space]", *(f"{k} = {json.dumps(list(v))}" for k, v in space.items())]
+    for table, rows in (("configs", configs), ("problems", problems)):
+        for row in rows:
+            lines += ["", f"[[{table}]]", *(f"{k} = {json.dumps(v)}" for k, v in row.items())]
+    return "\n".join(lines) + "\n"

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_env import git  # noqa: E402
+from bench_env import campaign_toml, git  # noqa: E402
 
 from tilepilot.agents.tile_model import CONSTANTS_ENV  # noqa: E402
 from tilepilot.experiments import Problem  # noqa: E402
@@ -46,16 +46,6 @@ FOLDS_DATASET = "matmul-h100.jsonl"  # the grid the folds deal
 DATASETS = ("data/replay/matmul-h100.jsonl", "data/replay/matmul-h100-fresh.jsonl.gz",
             "data/replay/matmul-h200.jsonl.gz")
 TOLERANCE = 0.02
-
-
-def campaign_text(name: str, proposer: str, budget: int, space: dict[str, list[object]],
-                  problems: list[Problem]) -> str:
-    lines = ["[campaign]", f'name = "{name}"', 'kernel = "matmul"', f'proposer = "{proposer}"',
-             f"budget = {budget}", "seed = 0", "", "[space]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in space.items()]
-    for p in problems:
-        lines += ["", "[[problems]]"] + [f"{k} = {json.dumps(v)}" for k, v in p.as_dict().items()]
-    return "\n".join(lines) + "\n"
 
 
 def recorded_space(dataset: ReplayDataset) -> dict[str, list[object]]:
@@ -94,7 +84,8 @@ def run(dataset_path: str, protocol: str, proposer: str, budget: int) -> dict[st
         for i, (problems, constants) in enumerate(campaigns(dataset, protocol)):
             name = f"{proposer}-{i}"
             toml = Path(tmp) / f"{name}.toml"
-            toml.write_text(campaign_text(name, proposer, budget, space, problems))
+            toml.write_text(campaign_toml(name, "matmul", proposer, budget, space=space,
+                                            problems=[p.as_dict() for p in problems]))
             env = dict(os.environ)
             if constants is not None:
                 path = Path(tmp) / f"{name}.constants.json"

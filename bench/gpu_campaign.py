@@ -63,13 +63,9 @@ OOB = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "GROUP_SIZE
 
 
 def campaign_text(name: str, proposer: str, budget: int, problems: list[dict]) -> str:
-    lines = ["[campaign]", f'name = "{name}"', 'kernel = "matmul_faults"', f'proposer = "{proposer}"',
-             f"budget = {budget}", "seed = 0", "", "[space]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in GRID.items()]
-    lines += ["", "[[configs]]"] + [f"{k} = {json.dumps(v)}" for k, v in OOB.items()]
-    for p in problems:
-        lines += ["", "[[problems]]"] + [f"{k} = {json.dumps(v)}" for k, v in p.items()]
-    return "\n".join(lines) + "\n"
+    from bench_env import campaign_toml
+
+    return campaign_toml(name, "matmul_faults", proposer, budget, space=GRID, configs=[OOB], problems=problems)
 
 
 def folds_of(problems: list[Problem], k: int) -> list[list[Problem]]:

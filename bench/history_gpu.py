@@ -48,11 +48,9 @@ FOLD = 2  # the fold of rules-constants-4fold.json that holds out both problems
 
 
 def campaign_text(name: str, proposer: str, budget: int, problem: dict) -> str:
-    lines = ["[campaign]", f'name = "{name}"', 'kernel = "matmul"', f'proposer = "{proposer}"',
-             f"budget = {budget}", "seed = 0", "hypothesis_share = 0", "", "[space]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in GRID.items()]
-    lines += ["", "[[problems]]"] + [f"{k} = {json.dumps(v)}" for k, v in problem.items()]
-    return "\n".join(lines) + "\n"
+    from bench_env import campaign_toml
+
+    return campaign_toml(name, "matmul", proposer, budget, hypothesis_share=0, space=GRID, problems=[problem])
 
 
 def run(work: Path, name: str, proposer: str, budget: int, problem: dict, db: Path, env: dict[str, str],

@@ -50,15 +50,13 @@ SAME_WITHIN, SPREAD_TARGET = 0.005, 0.01
 
 
 def campaign_text(name: str, budget: int, seed: int) -> str:
-    lines = ["[campaign]", f'name = "{name}"', 'kernel = "matmul"', 'proposer = "random"', f"budget = {budget}",
-             f"seed = {seed}", "hypothesis_share = 0", "", "[space]"]
+    from bench_env import campaign_toml
+
     from tilepilot.kernels.registry import get_family
 
     names = get_family("matmul").space().names
-    lines += [f"{k} = {json.dumps(v)}" for k, v in GRID.items() if k in names]
-    for p in PROBLEMS:
-        lines += ["", "[[problems]]"] + [f"{k} = {json.dumps(v)}" for k, v in p.items()]
-    return "\n".join(lines) + "\n"
+    return campaign_toml(name, "matmul", "random", budget, seed=seed, hypothesis_share=0,
+                         space={k: v for k, v in GRID.items() if k in names}, problems=PROBLEMS)
 
 
 def run_campaign(work: Path, run: int, budget: int, seed: int, timeout_s: float) -> dict[str, Any]:

@@ -91,7 +91,7 @@ sys.path.insert(0, str(ROOT))
 
 import ray  # noqa: E402
 
-from bench.bench_env import git, machine  # noqa: E402
+from bench.bench_env import campaign_toml, git, machine  # noqa: E402
 from tilepilot.agents.registry import get_proposer  # noqa: E402
 from tilepilot.orchestrator.driver import Progress  # noqa: E402
 from tilepilot.orchestrator.executor import BatchTrace, idle_with_work  # noqa: E402
@@ -182,9 +182,7 @@ class Split:
 
 
 def write_campaign(path: Path, proposer: str, problems: list[dict[str, Any]], budget: int) -> Path:
-    rows = "".join("\n[[problems]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in p.items()) for p in problems)
-    path.write_text(f'[campaign]\nname = "throughput-{proposer}"\nkernel = "matmul"\nproposer = "{proposer}"\n'
-                    f"budget = {budget}\nseed = 0\n{rows}")
+    path.write_text(campaign_toml(f"throughput-{proposer}", "matmul", proposer, budget, problems=problems))
     return path
 
 
@@ -332,10 +330,8 @@ class Watch:
 def campaign_file(folder: Path, name: str, budget: int, problems: list[dict[str, Any]], proposer: str,
                   space: dict[str, list[Any]] | None = None) -> Path:
     toml = folder / f"{name}.toml"
-    rows = "".join("[[problems]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in p.items()) for p in problems)
-    limits = "[space]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in space.items()) if space else ""
-    toml.write_text(f'[campaign]\nname = "{name}"\nkernel = "matmul"\nproposer = "{proposer}"\n'
-                    f"budget = {budget}\nseed = 0\nhypothesis_share = 0\n{limits}{rows}")
+    toml.write_text(campaign_toml(name, "matmul", proposer, budget, hypothesis_share=0, space=space,
+                                  problems=problems))
     return toml
 
 
