@@ -234,7 +234,7 @@ class GpuTimer:
         slow (3.9% on one H100 re-measurement): keep it busy for WAKE_MS before timing."""
         if time.monotonic() - self._last_busy < IDLE_S:
             return
-        self._torch.cuda._sleep(int(SPIN_CYCLES * WAKE_MS / 0.1))  # SPIN_CYCLES is ~0.1 ms
+        self._spin(WAKE_MS)
         self._torch.cuda.synchronize()
         self.wakes += 1
 
