@@ -1,0 +1,196 @@
+"""Does TMA multicast between the two CTAs of a cluster close the gap to cuBLAS where we trail it?
+
+    python bench/multicast_probe.py --out bench/results/multicast-probe-h100.json
+
+Every cuBLAS kernel where the tuned matmul trails runs in 1x2 or 2x1 clusters whose CTAs share one
+operand's tile through TMA multicast (bench/results/ws-probe-h100.json), which Triton 3.6 cannot
+express. Triton 3.9's Gluon dialect can: this probe's kernel (`mc_matmul_kernel`) runs two CTAs
+per cluster, stacked along M, so they need the same B tile at every K step; the lead CTA loads it
+once and the copy engine writes it into both CTAs' shared memory, while each CTA loads its own A
+tile. A ring of STAGES slots is filled ahead of the warpgroup MMAs; before the lead refills a
+slot it waits on a barrier both CTAs arrive at once their MMA of that slot is done (each copy of
+B it overwrites lives in the other CTA too). Each arm is timed side by side with cuBLAS and the
+family's best recorded tma config (compiled by the installed Triton) with the timer and plan of
+bench/kernels.py (L2 cold), after its output is checked against the family's reference.
+`mc-*` arms use the clusters; `solo-*` arms run the same kernel without them (one CTA a
+program, no multicast), so the difference between the two is what the multicast buys.
+Needs a Triton whose Gluon has cluster layouts (`cga_layout`) and multicast TMA loads (3.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+# problem, the family's best recorded tma config for it (BLOCK_SIZE_M, N, K, warps, stages, EPILOGUE_SUBTILE)
+SHAPES = [((3000, 5000, 1000, "fp16"), (128, 256, 64, 8, 3, True)),
+          ((1000, 3000, 2000, "bf16"), (128, 128, 64, 4, 4, False)),
+          ((16384, 16384, 256, "bf16"), (128, 256, 64, 8, 4, True)),
+          ((768, 3072, 768, "fp16"), (128, 128, 64, 4, 4, False)),
+          ((1024, 1024, 16384, "bf16"), (128, 128, 64, 4, 4, False)),
+          ((6144, 1536, 4096, "bf16"), (128, 256, 64, 8, 3, True)),
+          ((4096, 4096, 4096, "bf16"), (128, 256, 64, 8, 3, True))]
+# (rows per CTA, BLOCK_N, BLOCK_K, warps, stages)
+TILES = [(128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 5),
+         (64, 256, 64, 4, 4), (64, 128, 64, 4, 6)]
+
+
+def gluon_kernel() -> Any:
+    """The probe's Gluon kernel, defined once Triton is known to have what it needs."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+    @gluon.jit
+    def _tile(pid, num_pid_m, num_pid_n, GROUP_SIZE_M: gl.constexpr):
+        in_group = GROUP_SIZE_M * num_pid_n
+        first_m = (pid // in_group) * GROUP_SIZE_M
+        size_m = gl.minimum(num_pid_m - first_m, GROUP_SIZE_M)
+        return first_m + (pid % in_group) % size_m, (pid % in_group) // size_m
+
+    @gluon.jit
+    def mc_matmul_kernel(a_desc, b_desc, c_desc, M, N, K, acc_layout: gl.constexpr, STAGES: gl.constexpr,
+                         GROUP_SIZE_M: gl.constexpr, MULTICAST: gl.constexpr):
+        TILE_M: gl.constexpr = a_desc.block_shape[0]  # both CTAs' rows with MULTICAST
+        BK: gl.constexpr = a_desc.block_shape[1]
+        BN: gl.constexpr = b_desc.block_shape[1]
+        pid_m, pid_n = _tile(gl.program_id(0), gl.cdiv(M, TILE_M), gl.cdiv(N, BN), GROUP_SIZE_M)
+        off_m = pid_m * TILE_M
+        off_n = pid_n * BN
+        k_tiles = gl.cdiv(K, BK)
+
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)  # noqa: RUF005
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)  # noqa: RUF005
+        ready = mbarrier.allocate_mbarrier(batch=STAGES)  # each CTA's own: its slot is loaded
+        # one for the pair, in the lead CTA: both CTAs are done with the slot
+        empty = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=MULTICAST)
+        for st in gl.static_range(STAGES):
+            mbarrier.init(ready.index(st), count=1)
+            mbarrier.init(empty.index(st), count=1)
+        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
+
+        for i in gl.static_range(STAGES - 1):
+            pred = i < k_tiles
+            mbarrier.expect(ready.index(i), nbytes, pred=pred)
+            tma.async_load(a_desc, [off_m, i * BK], ready.index(i), a_bufs.index(i), pred=pred)
+            tma.async_load(b_desc, [i * BK, off_n], ready.index(i), b_bufs.index(i), pred=pred, multicast=MULTICAST)
+
+        acc = gl.zeros((TILE_M, BN), gl.float32, acc_layout)
+        for k in range(k_tiles):
+            s = k % STAGES
+            mbarrier.wait(ready.index(s), (k // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(1, deps=[acc, a_bufs.index(s), b_bufs.index(s)])
+            # the MMA of step k - 1 is done: its slot is the one step j refills
+            j = k + STAGES - 1
+            sj = j % STAGES
+            refill = j < k_tiles
+            mbarrier.arrive(empty.index(sj), pred=(k > 0) & refill)
+            mbarrier.wait(empty.index(sj), ((j // STAGES) - 1) & 1, pred=refill & (j >= STAGES))
+            mbarrier.expect(ready.index(sj), nbytes, pred=refill)
+            tma.async_load(a_desc, [off_m, j * BK], ready.index(sj), a_bufs.index(sj), pred=refill)
+            tma.async_load(b_desc, [j * BK, off_n], ready.index(sj), b_bufs.index(sj), pred=refill,
+                           multicast=MULTICAST)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+        c_smem.store(acc.to(c_desc.dtype))
+        tma.async_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(0)
+
+    return mc_matmul_kernel
+
+
+def has_multicast() -> str | None:
+    """None where the installed Triton's Gluon has cluster layouts and multicast TMA loads, else why not."""
+    import inspect
+
+    import triton
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import tma
+    except ImportError as e:
+        return f"Triton {triton.__version__} has no Gluon ({e})"
+    load = getattr(tma, "async_load", None)
+    try:
+        load_params = inspect.signature(load).parameters if load is not None else {}
+    except (TypeError, ValueError):
+        load_params = {}
+    if "multicast" not in load_params or "cga_layout" not in getattr(gl.NVMMASharedLayout, "__dataclass_fields__", {}):
+        return f"Triton {triton.__version__}'s Gluon has no multicast TMA load or no cluster layouts"
+    return None
+
+
+def launch(kernel: Any, arms: Any, tile: tuple[int, int, int, int, int], multicast: bool, out: Any) -> Any:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows, bn, bk, warps, stages = tile
+    a, b = arms.inputs[0], arms.inputs[1]
+    gdtype = {"torch.float16": gl.float16, "torch.bfloat16": gl.bfloat16}[str(a.dtype)]
+    tile_m = 2 * rows if multicast else rows
+    split, shared = ([[1, 0]], [[0, 0]]) if multicast else ([], [])
+    a_desc = TensorDescriptor.from_tensor(a, [tile_m, bk], gl.NVMMASharedLayout.get_default_for(
+        [tile_m, bk], gdtype, cga_layout=split))
+    b_desc = TensorDescriptor.from_tensor(b, [bk, bn], gl.NVMMASharedLayout.get_default_for(
+        [bk, bn], gdtype, cga_layout=shared))
+    c_desc = TensorDescriptor.from_tensor(out, [tile_m, bn], gl.NVMMASharedLayout.get_default_for(
+        [tile_m, bn], gdtype, cga_layout=split))
+    acc_layout = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, bn, 16],
+                                           cga_layout=split)
+    m, k = a.shape
+    n = b.shape[1]
+    grid = (-(-m // tile_m) * -(-n // bn),)
+
+    def run() -> None:
+        kernel[grid](a_desc, b_desc, c_desc, m, n, k, acc_layout, stages, 8, multicast,
+                     num_warps=warps, num_ctas=2 if multicast else 1)
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes only")
+    args = ap.parse_args(argv)
+    from kernels import Arms, gpu_probe, write_probe
+    from record import tile_config
+
+    from tilepilot.experiments import InputError
+
+    fam, ev, target, timer = gpu_probe("matmul")
+    missing = has_multicast()
+    if missing:
+        raise InputError(f"{missing}: this probe needs Triton 3.9 or later (bench/triton_overlay.sh)")
+    kernel = gluon_kernel()
+    rows = []
+    for (m, n, k, dtype), (bm, bn, bk, w, s, sub) in SHAPES[:args.shapes]:
+        problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
+        config = tile_config(bm, bn, bk, w, s, VARIANT="tma", EPILOGUE_SUBTILE=sub)
+        arms = Arms(fam, problem, target)
+        arms.baseline("cublas")
+        arms.config("tma", config)
+        for tile in TILES:
+            name = "{}x{}x{}-w{}-s{}".format(*tile)
+            arms.add(f"mc-{name}", lambda out, t=tile, a=arms: launch(kernel, a, t, True, out), tile=list(tile))
+            arms.add(f"solo-{name}", lambda out, t=tile, a=arms: launch(kernel, a, t, False, out), tile=list(tile))
+        row: dict[str, Any] = {"problem": problem.label(), "tma_config": config.as_dict(),
+                               "arms": arms.medians(arms.time(timer, fam.l2_flush))}
+        rows.append(row)
+        got = {a: v.get("median_ms") or v.get("error") for a, v in row["arms"].items()}
+        print(problem.label(), got, flush=True)
+        write_probe(args.out, __doc__, "multicast_probe.py", argv, ev, rows)  # after each shape
+    return 0
+
+
+if __name__ == "__main__":
+    from bench_env import run_main
+
+    raise SystemExit(run_main(main))
