@@ -41,11 +41,21 @@ TILES = [(128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128,
          (64, 256, 64, 4, 4), (64, 128, 64, 4, 6)]
 
 
+# the persistent kernel keeps C's buffer beside the ring: fewer stages fit
+PERSISTENT_TILES = [(128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 5), (64, 256, 64, 4, 4)]
+
+
 def gluon_kernel() -> Any:
     """The probe's Gluon kernel, defined once Triton is known to have what it needs."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
 
     @gluon.jit
     def _tile(pid, num_pid_m, num_pid_n, GROUP_SIZE_M: gl.constexpr):
@@ -104,7 +114,75 @@ def gluon_kernel() -> Any:
         tma.async_store(c_desc, [off_m, off_n], c_smem)
         tma.store_wait(0)
 
-    return mc_matmul_kernel
+    @gluon.jit
+    def _step_coords(step, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M: gl.constexpr,
+                     BN: gl.constexpr, BK: gl.constexpr, GROUP_SIZE_M: gl.constexpr):
+        """The tile offsets (rows, columns) and K offset of a program's `step`-th K step."""
+        gl.static_assert(BK > 0)  # (which also keeps `gl` in this closure for the annotations)
+        pid_m, pid_n = _tile(start + (step // k_tiles) * programs, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        return pid_m * TILE_M, pid_n * BN, (step % k_tiles) * BK
+
+    @gluon.jit
+    def persistent_kernel(a_desc, b_desc, c_desc, M, N, K, programs, acc_layout: gl.constexpr,
+                          STAGES: gl.constexpr, GROUP_SIZE_M: gl.constexpr, MULTICAST: gl.constexpr):
+        """mc_matmul_kernel over tiles start, start + programs, ...: the ring runs on across tiles (the
+        loads of the next tile's first steps are in flight during this tile's last MMAs and its
+        epilogue) and C leaves through a buffer of its own, stored asynchronously."""
+        TILE_M: gl.constexpr = a_desc.block_shape[0]
+        BK: gl.constexpr = a_desc.block_shape[1]
+        BN: gl.constexpr = b_desc.block_shape[1]
+        num_pid_m = gl.cdiv(M, TILE_M)
+        num_pid_n = gl.cdiv(N, BN)
+        start = gl.program_id(0)
+        k_tiles = gl.cdiv(K, BK)
+        total = gl.cdiv(num_pid_m * num_pid_n - start, programs) * k_tiles
+
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)  # noqa: RUF005
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)  # noqa: RUF005
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+        ready = mbarrier.allocate_mbarrier(batch=STAGES)
+        empty = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=MULTICAST)
+        for st in gl.static_range(STAGES):
+            mbarrier.init(ready.index(st), count=1)
+            mbarrier.init(empty.index(st), count=1)
+        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
+
+        for i in gl.static_range(STAGES - 1):
+            pred = i < total
+            om, on, ok = _step_coords(i, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
+                                      GROUP_SIZE_M)
+            mbarrier.expect(ready.index(i), nbytes, pred=pred)
+            tma.async_load(a_desc, [om, ok], ready.index(i), a_bufs.index(i), pred=pred)
+            tma.async_load(b_desc, [ok, on], ready.index(i), b_bufs.index(i), pred=pred, multicast=MULTICAST)
+
+        acc = gl.zeros((TILE_M, BN), gl.float32, acc_layout)
+        for g in range(total):
+            s = g % STAGES
+            kk = g % k_tiles
+            mbarrier.wait(ready.index(s), (g // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(1, deps=[acc, a_bufs.index(s), b_bufs.index(s)])
+            j = g + STAGES - 1
+            sj = j % STAGES
+            refill = j < total
+            mbarrier.arrive(empty.index(sj), pred=(g > 0) & refill)
+            mbarrier.wait(empty.index(sj), ((j // STAGES) - 1) & 1, pred=refill & (j >= STAGES))
+            om, on, ok = _step_coords(j, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
+                                      GROUP_SIZE_M)
+            mbarrier.expect(ready.index(sj), nbytes, pred=refill)
+            tma.async_load(a_desc, [om, ok], ready.index(sj), a_bufs.index(sj), pred=refill)
+            tma.async_load(b_desc, [ok, on], ready.index(sj), b_bufs.index(sj), pred=refill, multicast=MULTICAST)
+            if kk == k_tiles - 1:
+                acc = warpgroup_mma_wait(0, deps=[acc])
+                cm, cn, _ck = _step_coords(g, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
+                                         GROUP_SIZE_M)
+                tma.store_wait(0)  # the last tile's store has read the buffer
+                c_smem.store(acc.to(c_desc.dtype))
+                fence_async_shared()
+                tma.async_store(c_desc, [cm, cn], c_smem)
+        tma.store_wait(0)
+
+    return mc_matmul_kernel, persistent_kernel
 
 
 def has_multicast() -> str | None:
@@ -127,7 +205,8 @@ def has_multicast() -> str | None:
     return None
 
 
-def launch(kernel: Any, arms: Any, tile: tuple[int, int, int, int, int], multicast: bool, out: Any) -> Any:
+def launch(kernels: Any, arms: Any, tile: tuple[int, int, int, int, int], multicast: bool, out: Any,
+           persistent: bool = False) -> Any:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -146,13 +225,23 @@ def launch(kernel: Any, arms: Any, tile: tuple[int, int, int, int, int], multica
                                            cga_layout=split)
     m, k = a.shape
     n = b.shape[1]
-    grid = (-(-m // tile_m) * -(-n // bn),)
+    tiles = -(-m // tile_m) * -(-n // bn)
+    ctas = 2 if multicast else 1
+    if persistent:  # one program a cluster slot of the GPU's SMs
+        import torch
 
-    def run() -> None:
-        kernel[grid](a_desc, b_desc, c_desc, m, n, k, acc_layout, stages, 8, multicast,
-                     num_warps=warps, num_ctas=2 if multicast else 1)
+        programs = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count // ctas)
 
-    return run
+        def run() -> None:
+            kernels[1][(programs,)](a_desc, b_desc, c_desc, m, n, k, programs, acc_layout, stages, 8, multicast,
+                                    num_warps=warps, num_ctas=ctas)
+        return run
+
+    def run_tiles() -> None:
+        kernels[0][(tiles,)](a_desc, b_desc, c_desc, m, n, k, acc_layout, stages, 8, multicast,
+                             num_warps=warps, num_ctas=ctas)
+
+    return run_tiles
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = has_multicast()
     if missing:
         raise InputError(f"{missing}: this probe needs Triton 3.9 or later (bench/triton_overlay.sh)")
-    kernel = gluon_kernel()
+    kernels = gluon_kernel()
     rows = []
     for (m, n, k, dtype), (bm, bn, bk, w, s, sub) in SHAPES[:args.shapes]:
         problem = fam.parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
@@ -179,8 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         arms.config("tma", config)
         for tile in TILES:
             name = "{}x{}x{}-w{}-s{}".format(*tile)
-            arms.add(f"mc-{name}", lambda out, t=tile, a=arms: launch(kernel, a, t, True, out), tile=list(tile))
-            arms.add(f"solo-{name}", lambda out, t=tile, a=arms: launch(kernel, a, t, False, out), tile=list(tile))
+            arms.add(f"mc-{name}", lambda out, t=tile, a=arms: launch(kernels, a, t, True, out), tile=list(tile))
+            arms.add(f"solo-{name}", lambda out, t=tile, a=arms: launch(kernels, a, t, False, out), tile=list(tile))
+        for tile in PERSISTENT_TILES:
+            name = "{}x{}x{}-w{}-s{}".format(*tile)
+            for mc, arm in ((True, "pmc"), (False, "psolo")):
+                arms.add(f"{arm}-{name}", lambda out, t=tile, a=arms, mc=mc: launch(kernels, a, t, mc, out, True),
+                         tile=list(tile))
         row: dict[str, Any] = {"problem": problem.label(), "tma_config": config.as_dict(),
                                "arms": arms.medians(arms.time(timer, fam.l2_flush))}
         rows.append(row)
