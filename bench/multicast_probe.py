@@ -13,7 +13,9 @@ B it overwrites lives in the other CTA too). Each arm is timed side by side with
 family's best recorded tma config (compiled by the installed Triton) with the timer and plan of
 bench/kernels.py (L2 cold), after its output is checked against the family's reference.
 `mc-*` arms use the clusters; `solo-*` arms run the same kernel without them (one CTA a
-program, no multicast), so the difference between the two is what the multicast buys.
+program, no multicast), so the difference between the two is what the multicast buys. `pmc-*`
+and `psolo-*` are the same pair for a persistent form of the kernel (`persistent_kernel`: one
+program per SM, or per two SMs with clusters, whose ring runs on across its tiles).
 Needs a Triton whose Gluon has cluster layouts (`cga_layout`) and multicast TMA loads (3.9).
 """
 
