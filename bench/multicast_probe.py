@@ -45,6 +45,7 @@ TILES = [(128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128,
 
 # the persistent kernel keeps C's buffer beside the ring: fewer stages fit
 PERSISTENT_TILES = [(128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 5), (64, 256, 64, 4, 4)]
+WS_TILES = [(128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 5)]
 
 
 def gluon_kernel() -> Any:
@@ -184,7 +185,74 @@ def gluon_kernel() -> Any:
                 tma.async_store(c_desc, [cm, cn], c_smem)
         tma.store_wait(0)
 
-    return mc_matmul_kernel, persistent_kernel
+    @gluon.jit
+    def _ws_loads(a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, off_m, off_n, k_tiles,
+                  STAGES: gl.constexpr, MULTICAST: gl.constexpr):
+        """The producer warp: fill slot k % STAGES once this CTA's MMAs (and with MULTICAST, the
+        pair's, whose copy of B the lead's load also overwrites) are done with its last step."""
+        gl.static_assert(STAGES > 1)  # (which also keeps `gl` in this closure for the annotations)
+        BK: gl.constexpr = a_desc.block_shape[1]
+        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
+        for k in range(k_tiles):
+            s = k % STAGES
+            again = k >= STAGES
+            mbarrier.wait(mine.index(s), ((k // STAGES) - 1) & 1, pred=again)
+            if MULTICAST:
+                mbarrier.wait(pair.index(s), ((k // STAGES) - 1) & 1, pred=again)
+            mbarrier.expect(ready.index(s), nbytes)
+            tma.async_load(a_desc, [off_m, k * BK], ready.index(s), a_bufs.index(s))
+            tma.async_load(b_desc, [k * BK, off_n], ready.index(s), b_bufs.index(s), multicast=MULTICAST)
+
+    @gluon.jit
+    def _ws_mmas(a_bufs, b_bufs, ready, mine, pair, k_tiles, acc_layout: gl.constexpr, TILE_M: gl.constexpr,
+                 BN: gl.constexpr, STAGES: gl.constexpr, MULTICAST: gl.constexpr):
+        """The MMA warps: consume the slots in order, releasing each once the next MMA is issued."""
+        acc = gl.zeros((TILE_M, BN), gl.float32, acc_layout)
+        for k in range(k_tiles):
+            s = k % STAGES
+            mbarrier.wait(ready.index(s), (k // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
+            acc, _, _ = warpgroup_mma_wait(1, deps=[acc, a_bufs.index(s), b_bufs.index(s)])
+            prev = (k + STAGES - 1) % STAGES
+            mbarrier.arrive(mine.index(prev), pred=k > 0)
+            if MULTICAST:
+                mbarrier.arrive(pair.index(prev), pred=k > 0)
+        acc = warpgroup_mma_wait(0, deps=[acc])
+        return acc
+
+    @gluon.jit
+    def ws_kernel(a_desc, b_desc, c_desc, M, N, K, acc_layout: gl.constexpr, STAGES: gl.constexpr,
+                  GROUP_SIZE_M: gl.constexpr, MULTICAST: gl.constexpr):
+        """mc_matmul_kernel with its loads issued by a warp of their own (warp specialisation), so
+        the MMA warps never wait for the other CTA of the pair, only for their data."""
+        TILE_M: gl.constexpr = a_desc.block_shape[0]
+        BN: gl.constexpr = b_desc.block_shape[1]
+        BK: gl.constexpr = a_desc.block_shape[1]
+        pid_m, pid_n = _tile(gl.program_id(0), gl.cdiv(M, TILE_M), gl.cdiv(N, BN), GROUP_SIZE_M)
+        off_m = pid_m * TILE_M
+        off_n = pid_n * BN
+        k_tiles = gl.cdiv(K, BK)
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)  # noqa: RUF005
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)  # noqa: RUF005
+        ready = mbarrier.allocate_mbarrier(batch=STAGES)
+        mine = mbarrier.allocate_mbarrier(batch=STAGES)
+        pair = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=MULTICAST)
+        for st in gl.static_range(STAGES):
+            mbarrier.init(ready.index(st), count=1)
+            mbarrier.init(mine.index(st), count=1)
+            mbarrier.init(pair.index(st), count=1)
+        acc = gl.warp_specialize([
+            (_ws_mmas, (a_bufs, b_bufs, ready, mine, pair, k_tiles, acc_layout, TILE_M, BN, STAGES, MULTICAST)),
+            (_ws_loads, (a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, off_m, off_n, k_tiles, STAGES,
+                         MULTICAST)),
+        ], [1], [40])
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        tma.async_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(0)
+
+    return mc_matmul_kernel, persistent_kernel, ws_kernel
 
 
 def has_multicast() -> str | None:
@@ -208,7 +276,7 @@ def has_multicast() -> str | None:
 
 
 def launch(kernels: Any, arms: Any, tile: tuple[int, int, int, int, int], multicast: bool, out: Any,
-           persistent: bool = False) -> Any:
+           form: str = "tiles") -> Any:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -229,7 +297,7 @@ def launch(kernels: Any, arms: Any, tile: tuple[int, int, int, int, int], multic
     n = b.shape[1]
     tiles = -(-m // tile_m) * -(-n // bn)
     ctas = 2 if multicast else 1
-    if persistent:  # one program a cluster slot of the GPU's SMs
+    if form == "persistent":  # one program a cluster slot of the GPU's SMs
         import torch
 
         programs = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count // ctas)
@@ -239,9 +307,11 @@ def launch(kernels: Any, arms: Any, tile: tuple[int, int, int, int, int], multic
                                     num_warps=warps, num_ctas=ctas)
         return run
 
+    kernel = kernels[2] if form == "ws" else kernels[0]
+
     def run_tiles() -> None:
-        kernels[0][(tiles,)](a_desc, b_desc, c_desc, m, n, k, acc_layout, stages, 8, multicast,
-                             num_warps=warps, num_ctas=ctas)
+        kernel[(tiles,)](a_desc, b_desc, c_desc, m, n, k, acc_layout, stages, 8, multicast,
+                         num_warps=warps, num_ctas=ctas)
 
     return run_tiles
 
@@ -250,12 +320,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes only")
+    ap.add_argument("--forms", default="tiles,persistent,ws",
+                    help="kernel forms to time, comma-separated: tiles (mc-/solo- arms), persistent (pmc-/psolo-), "
+                         "ws (wmc-/wsolo-)")
     args = ap.parse_args(argv)
     from kernels import Arms, gpu_probe, write_probe
     from record import tile_config
 
     from tilepilot.experiments import InputError
 
+    forms = set(args.forms.split(","))
+    if not forms <= {"tiles", "persistent", "ws"}:
+        raise InputError(f"--forms {args.forms!r}: each must be tiles, persistent or ws")
     fam, ev, target, timer = gpu_probe("matmul")
     missing = has_multicast()
     if missing:
@@ -268,15 +344,17 @@ def main(argv: list[str] | None = None) -> int:
         arms = Arms(fam, problem, target)
         arms.baseline("cublas")
         arms.config("tma", config)
-        for tile in TILES:
-            name = "{}x{}x{}-w{}-s{}".format(*tile)
-            arms.add(f"mc-{name}", lambda out, t=tile, a=arms: launch(kernels, a, t, True, out), tile=list(tile))
-            arms.add(f"solo-{name}", lambda out, t=tile, a=arms: launch(kernels, a, t, False, out), tile=list(tile))
-        for tile in PERSISTENT_TILES:
-            name = "{}x{}x{}-w{}-s{}".format(*tile)
-            for mc, arm in ((True, "pmc"), (False, "psolo")):
-                arms.add(f"{arm}-{name}", lambda out, t=tile, a=arms, mc=mc: launch(kernels, a, t, mc, out, True),
-                         tile=list(tile))
+        for form, tiles, (with_mc, without) in (("tiles", TILES, ("mc", "solo")),
+                                                 ("persistent", PERSISTENT_TILES, ("pmc", "psolo")),
+                                                 ("ws", WS_TILES, ("wmc", "wsolo"))):
+            if form not in forms:
+                continue
+            for tile in tiles:
+                name = "{}x{}x{}-w{}-s{}".format(*tile)
+                for mc, arm in ((True, with_mc), (False, without)):
+                    arms.add(f"{arm}-{name}",
+                             lambda out, t=tile, a=arms, mc=mc, f=form: launch(kernels, a, t, mc, out, f),
+                             tile=list(tile))
         row: dict[str, Any] = {"problem": problem.label(), "tma_config": config.as_dict(),
                                "arms": arms.medians(arms.time(timer, fam.l2_flush))}
         rows.append(row)
