@@ -9,13 +9,16 @@ per cluster, stacked along M, so they need the same B tile at every K step; the 
 once and the copy engine writes it into both CTAs' shared memory, while each CTA loads its own A
 tile. A ring of STAGES slots is filled ahead of the warpgroup MMAs; before the lead refills a
 slot it waits on a barrier both CTAs arrive at once their MMA of that slot is done (each copy of
-B it overwrites lives in the other CTA too). Each arm is timed side by side with cuBLAS and the
-family's best recorded tma config (compiled by the installed Triton) with the timer and plan of
+B it overwrites lives in the other CTA too). Each arm is timed side by side with cuBLAS and one
+config of the family's tma variant (`tma`, compiled by the installed Triton: what it makes of the
+`tl` kernel; not always the shape's best recorded config) with the timer and plan of
 bench/kernels.py (L2 cold), after its output is checked against the family's reference.
 `mc-*` arms use the clusters; `solo-*` arms run the same kernel without them (one CTA a
 program, no multicast), so the difference between the two is what the multicast buys. `pmc-*`
 and `psolo-*` are the same pair for a persistent form of the kernel (`persistent_kernel`: one
-program per SM, or per two SMs with clusters, whose ring runs on across its tiles).
+program per SM, or per two SMs with clusters, whose ring runs on across its tiles), `wmc-*` and
+`wsolo-*` for a warp-specialised one (`ws_kernel`: a warp of its own issues the loads).
+`--forms` picks which of the three forms are timed.
 Needs a Triton whose Gluon has cluster layouts (`cga_layout`) and multicast TMA loads (3.9).
 """
 
@@ -30,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# problem, the family's best recorded tma config for it (BLOCK_SIZE_M, N, K, warps, stages, EPILOGUE_SUBTILE)
+# problem, the `tma` arm's config (BLOCK_SIZE_M, N, K, warps, stages, EPILOGUE_SUBTILE)
 SHAPES = [((3000, 5000, 1000, "fp16"), (128, 256, 64, 8, 3, True)),
           ((1000, 3000, 2000, "bf16"), (128, 128, 64, 4, 4, False)),
           ((16384, 16384, 256, "bf16"), (128, 256, 64, 8, 4, True)),
@@ -49,7 +52,8 @@ WS_TILES = [(128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (1
 
 
 def gluon_kernel() -> Any:
-    """The probe's Gluon kernel, defined once Triton is known to have what it needs."""
+    """The probe's Gluon kernels (one tile a program, persistent, warp-specialised), defined once
+    Triton is known to have what they need."""
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -277,6 +281,8 @@ def has_multicast() -> str | None:
 
 def launch(kernels: Any, arms: Any, tile: tuple[int, int, int, int, int], multicast: bool, out: Any,
            form: str = "tiles") -> Any:
+    """A launch of `form` (tiles, persistent or ws) at `tile` on the arm's inputs into `out`, with
+    two CTAs a cluster sharing B where `multicast`; the descriptors are made once, here."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
