@@ -17,8 +17,10 @@ bench/kernels.py (L2 cold), after its output is checked against the family's ref
 program, no multicast), so the difference between the two is what the multicast buys. `pmc-*`
 and `psolo-*` are the same pair for a persistent form of the kernel (`persistent_kernel`: one
 program per SM, or per two SMs with clusters, whose ring runs on across its tiles), `wmc-*` and
-`wsolo-*` for a warp-specialised one (`ws_kernel`: a warp of its own issues the loads).
-`--forms` picks which of the three forms are timed.
+`wsolo-*` for a warp-specialised one (`ws_kernel`: a warp of its own issues the loads), and
+`ppmc-*` and `ppsolo-*` for a persistent ping-pong one (`pingpong_kernel`: a producer warp and two
+warpgroups that take the program's tiles in turn, so one's epilogue overlaps the other's MMAs).
+`--forms` picks which forms are timed.
 Needs a Triton whose Gluon has cluster layouts (`cga_layout`) and multicast TMA loads (3.9).
 """
 
@@ -28,6 +30,11 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+try:  # module-wide: the kernels' annotations (gl.constexpr) are looked up in this module's globals
+    from triton.experimental.gluon import language as gl
+except ImportError:  # a Triton without Gluon: has_multicast() says so
+    gl = None
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -49,13 +56,14 @@ TILES = [(128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128,
 # the persistent kernel keeps C's buffer beside the ring: fewer stages fit
 PERSISTENT_TILES = [(128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 5), (64, 256, 64, 4, 4)]
 WS_TILES = [(128, 256, 64, 8, 4), (128, 256, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 5)]
+# the ping-pong kernel's warpgroup tile (its accumulator must fit one warpgroup's registers): 4 warps
+PP_TILES = [(128, 128, 64, 4, 4), (128, 128, 64, 4, 5), (64, 256, 64, 4, 4)]
 
 
 def gluon_kernel() -> Any:
     """The probe's Gluon kernels (one tile a program, persistent, warp-specialised), defined once
     Triton is known to have what they need."""
     from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -125,7 +133,6 @@ def gluon_kernel() -> Any:
     def _step_coords(step, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M: gl.constexpr,
                      BN: gl.constexpr, BK: gl.constexpr, GROUP_SIZE_M: gl.constexpr):
         """The tile offsets (rows, columns) and K offset of a program's `step`-th K step."""
-        gl.static_assert(BK > 0)  # (which also keeps `gl` in this closure for the annotations)
         pid_m, pid_n = _tile(start + (step // k_tiles) * programs, num_pid_m, num_pid_n, GROUP_SIZE_M)
         return pid_m * TILE_M, pid_n * BN, (step % k_tiles) * BK
 
@@ -194,7 +201,6 @@ def gluon_kernel() -> Any:
                   STAGES: gl.constexpr, MULTICAST: gl.constexpr):
         """The producer warp: fill slot k % STAGES once this CTA's MMAs (and with MULTICAST, the
         pair's, whose copy of B the lead's load also overwrites) are done with its last step."""
-        gl.static_assert(STAGES > 1)  # (which also keeps `gl` in this closure for the annotations)
         BK: gl.constexpr = a_desc.block_shape[1]
         nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
         for k in range(k_tiles):
@@ -256,7 +262,108 @@ def gluon_kernel() -> Any:
         tma.async_store(c_desc, [off_m, off_n], c_smem)
         tma.store_wait(0)
 
-    return mc_matmul_kernel, persistent_kernel, ws_kernel
+    @gluon.jit
+    def _pp_loads(a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, start, programs, my_tiles, k_tiles,
+                  num_pid_m, num_pid_n, GROUP_SIZE_M: gl.constexpr, STAGES: gl.constexpr,
+                  MULTICAST: gl.constexpr):
+        """The producer warp of the ping-pong kernel: every K step of the program's tiles, in order."""
+        TILE_M: gl.constexpr = a_desc.block_shape[0]
+        BK: gl.constexpr = a_desc.block_shape[1]
+        BN: gl.constexpr = b_desc.block_shape[1]
+        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
+        for g in range(my_tiles * k_tiles):
+            s = g % STAGES
+            again = g >= STAGES
+            mbarrier.wait(mine.index(s), ((g // STAGES) - 1) & 1, pred=again)
+            if MULTICAST:
+                mbarrier.wait(pair.index(s), ((g // STAGES) - 1) & 1, pred=again)
+            om, on, ok = _step_coords(g, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
+                                      GROUP_SIZE_M)
+            mbarrier.expect(ready.index(s), nbytes)
+            tma.async_load(a_desc, [om, ok], ready.index(s), a_bufs.index(s))
+            tma.async_load(b_desc, [ok, on], ready.index(s), b_bufs.index(s), multicast=MULTICAST)
+
+    @gluon.jit
+    def _pp_mmas(a_bufs, b_bufs, c_desc, c_smem, ready, mine, pair, turn, start, programs, my_tiles, k_tiles,
+                 num_pid_m, num_pid_n, first: gl.constexpr, acc_layout: gl.constexpr, GROUP_SIZE_M: gl.constexpr,
+                 STAGES: gl.constexpr, MULTICAST: gl.constexpr):
+        """One of the two consumer warpgroups: tiles first, first + 2, ... of the program, each with
+        its own epilogue, which overlaps the other warpgroup's MMAs. The two take turns at the
+        ring: a warpgroup starts a tile's MMAs once the other has issued all of its previous tile's
+        (`turn`), so that no warpgroup waits on a slot's barrier more than one phase ahead."""
+        TILE_M: gl.constexpr = c_desc.block_shape[0]
+        BN: gl.constexpr = c_desc.block_shape[1]
+        BK: gl.constexpr = a_bufs.shape[2]
+        for i in range(first, my_tiles, 2):
+            j = i // 2  # this warpgroup's j-th tile
+            if first == 0:
+                mbarrier.wait(turn.index(0), (j - 1) & 1, pred=j > 0)
+            else:
+                mbarrier.wait(turn.index(1), j & 1)
+            acc = gl.zeros((TILE_M, BN), gl.float32, acc_layout)
+            for kk in range(k_tiles):
+                g = i * k_tiles + kk
+                s = g % STAGES
+                mbarrier.wait(ready.index(s), (g // STAGES) & 1)
+                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
+                acc, _, _ = warpgroup_mma_wait(1, deps=[acc, a_bufs.index(s), b_bufs.index(s)])
+                prev = (g + STAGES - 1) % STAGES
+                mbarrier.arrive(mine.index(prev), pred=kk > 0)
+                if MULTICAST:
+                    mbarrier.arrive(pair.index(prev), pred=kk > 0)
+            mbarrier.arrive(turn.index(1 - first))  # the other warpgroup's turn
+            acc = warpgroup_mma_wait(0, deps=[acc])
+            last = (i * k_tiles + k_tiles - 1) % STAGES
+            mbarrier.arrive(mine.index(last))
+            if MULTICAST:
+                mbarrier.arrive(pair.index(last))
+            cm, cn, _ck = _step_coords(i * k_tiles, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN,
+                                       BK, GROUP_SIZE_M)
+            tma.store_wait(0)  # this warpgroup's last store has read its buffer
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            tma.async_store(c_desc, [cm, cn], c_smem)
+        tma.store_wait(0)
+
+    @gluon.jit
+    def pingpong_kernel(a_desc, b_desc, c_desc, M, N, K, programs, acc_layout: gl.constexpr,
+                        STAGES: gl.constexpr, GROUP_SIZE_M: gl.constexpr, MULTICAST: gl.constexpr):
+        """Persistent, warp-specialised: a producer warp fills the ring with every K step of the
+        program's tiles in order, and two warpgroups (4 warps each) take the tiles in turn, so one's
+        epilogue overlaps the other's MMAs. Each warpgroup's tile is TILE_M x BN (its accumulator
+        holds BN fp32 registers a thread)."""
+        TILE_M: gl.constexpr = a_desc.block_shape[0]
+        BK: gl.constexpr = a_desc.block_shape[1]
+        BN: gl.constexpr = b_desc.block_shape[1]
+        num_pid_m = gl.cdiv(M, TILE_M)
+        num_pid_n = gl.cdiv(N, BN)
+        start = gl.program_id(0)
+        k_tiles = gl.cdiv(K, BK)
+        my_tiles = gl.cdiv(num_pid_m * num_pid_n - start, programs)
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)  # noqa: RUF005
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_shape, b_desc.layout)  # noqa: RUF005
+        c0 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+        c1 = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout)
+        ready = mbarrier.allocate_mbarrier(batch=STAGES)
+        mine = mbarrier.allocate_mbarrier(batch=STAGES)
+        pair = mbarrier.allocate_mbarrier(batch=STAGES, two_ctas=MULTICAST)
+        turn = mbarrier.allocate_mbarrier(batch=2)
+        for st in gl.static_range(STAGES):
+            mbarrier.init(ready.index(st), count=1)
+            mbarrier.init(mine.index(st), count=1)
+            mbarrier.init(pair.index(st), count=1)
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
+        gl.warp_specialize([
+            (_pp_mmas, (a_bufs, b_bufs, c_desc, c0, ready, mine, pair, turn, start, programs, my_tiles, k_tiles,
+                        num_pid_m, num_pid_n, 0, acc_layout, GROUP_SIZE_M, STAGES, MULTICAST)),
+            (_pp_mmas, (a_bufs, b_bufs, c_desc, c1, ready, mine, pair, turn, start, programs, my_tiles, k_tiles,
+                        num_pid_m, num_pid_n, 1, acc_layout, GROUP_SIZE_M, STAGES, MULTICAST)),
+            (_pp_loads, (a_desc, b_desc, a_bufs, b_bufs, ready, mine, pair, start, programs, my_tiles, k_tiles,
+                         num_pid_m, num_pid_n, GROUP_SIZE_M, STAGES, MULTICAST)),
+        ], [4, 1], [232, 40])
+
+    return mc_matmul_kernel, persistent_kernel, ws_kernel, pingpong_kernel
 
 
 def has_multicast() -> str | None:
@@ -303,13 +410,14 @@ def launch(kernels: Any, arms: Any, tile: tuple[int, int, int, int, int], multic
     n = b.shape[1]
     tiles = -(-m // tile_m) * -(-n // bn)
     ctas = 2 if multicast else 1
-    if form == "persistent":  # one program a cluster slot of the GPU's SMs
+    if form in ("persistent", "pp"):  # one program a cluster slot of the GPU's SMs
         import torch
 
         programs = min(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count // ctas)
+        persistent = kernels[1] if form == "persistent" else kernels[3]
 
         def run() -> None:
-            kernels[1][(programs,)](a_desc, b_desc, c_desc, m, n, k, programs, acc_layout, stages, 8, multicast,
+            persistent[(programs,)](a_desc, b_desc, c_desc, m, n, k, programs, acc_layout, stages, 8, multicast,
                                     num_warps=warps, num_ctas=ctas)
         return run
 
@@ -326,9 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", type=int, default=len(SHAPES), help="the first N shapes only")
-    ap.add_argument("--forms", default="tiles,persistent,ws",
+    ap.add_argument("--forms", default="tiles,persistent,ws,pp",
                     help="kernel forms to time, comma-separated: tiles (mc-/solo- arms), persistent (pmc-/psolo-), "
-                         "ws (wmc-/wsolo-)")
+                         "ws (wmc-/wsolo-), pp (ppmc-/ppsolo-)")
     args = ap.parse_args(argv)
     from kernels import Arms, gpu_probe, write_probe
     from record import tile_config
@@ -336,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     from tilepilot.experiments import InputError
 
     forms = set(args.forms.split(","))
-    if not forms <= {"tiles", "persistent", "ws"}:
-        raise InputError(f"--forms {args.forms!r}: each must be tiles, persistent or ws")
+    if not forms <= {"tiles", "persistent", "ws", "pp"}:
+        raise InputError(f"--forms {args.forms!r}: each must be tiles, persistent, ws or pp")
     fam, ev, target, timer = gpu_probe("matmul")
     missing = has_multicast()
     if missing:
@@ -352,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         arms.config("tma", config)
         for form, tiles, (with_mc, without) in (("tiles", TILES, ("mc", "solo")),
                                                  ("persistent", PERSISTENT_TILES, ("pmc", "psolo")),
-                                                 ("ws", WS_TILES, ("wmc", "wsolo"))):
+                                                 ("ws", WS_TILES, ("wmc", "wsolo")),
+                                                 ("pp", PP_TILES, ("ppmc", "ppsolo"))):
             if form not in forms:
                 continue
             for tile in tiles:
