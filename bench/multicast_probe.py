@@ -61,8 +61,8 @@ PP_TILES = [(128, 128, 64, 4, 4), (128, 128, 64, 4, 5), (64, 256, 64, 4, 4)]
 
 
 def gluon_kernel() -> Any:
-    """The probe's Gluon kernels (one tile a program, persistent, warp-specialised), defined once
-    Triton is known to have what they need."""
+    """The probe's Gluon kernels (one tile a program, persistent, warp-specialised, ping-pong),
+    defined once Triton is known to have what they need."""
     from triton.experimental import gluon
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
@@ -82,6 +82,8 @@ def gluon_kernel() -> Any:
     @gluon.jit
     def mc_matmul_kernel(a_desc, b_desc, c_desc, M, N, K, acc_layout: gl.constexpr, STAGES: gl.constexpr,
                          GROUP_SIZE_M: gl.constexpr, MULTICAST: gl.constexpr):
+        """One output tile a program (with MULTICAST, a cluster of two CTAs stacked along M, the
+        lead loading B's tile into both), its K steps through a ring of STAGES slots."""
         TILE_M: gl.constexpr = a_desc.block_shape[0]  # both CTAs' rows with MULTICAST
         BK: gl.constexpr = a_desc.block_shape[1]
         BN: gl.constexpr = b_desc.block_shape[1]
@@ -189,7 +191,7 @@ def gluon_kernel() -> Any:
             if kk == k_tiles - 1:
                 acc = warpgroup_mma_wait(0, deps=[acc])
                 cm, cn, _ck = _step_coords(g, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
-                                         GROUP_SIZE_M)
+                                           GROUP_SIZE_M)
                 tma.store_wait(0)  # the last tile's store has read the buffer
                 c_smem.store(acc.to(c_desc.dtype))
                 fence_async_shared()
