@@ -40,3 +40,15 @@ def test_a_gpu_benchmark_without_a_gpu_says_so_in_one_line(tmp_path: Path, scrip
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{script}: error: ") and "GPU" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_the_multicast_probe_names_a_bad_form_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "multicast_probe.py"), "--forms", "tiles,fast",
+                           "--out", str(out)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["multicast_probe.py: error: --forms 'tiles,fast': each must be tiles, persistent, ws or pp"]
+    assert not out.exists()
