@@ -80,6 +80,15 @@ def gluon_kernel() -> Any:
         return first_m + (pid % in_group) % size_m, (pid % in_group) // size_m
 
     @gluon.jit
+    def _load_slot(a_desc, b_desc, a_bufs, b_bufs, bar, slot, off_m, off_n, off_k, pred,
+                   MULTICAST: gl.constexpr):
+        """Fill ring slot `slot` with the A tile at (off_m, off_k) and the B tile at (off_k, off_n), both
+        counted on `bar`; with MULTICAST the lead CTA's B load lands in both CTAs."""
+        mbarrier.expect(bar.index(slot), a_desc.nbytes_per_cta + b_desc.nbytes_per_cta, pred=pred)
+        tma.async_load(a_desc, [off_m, off_k], bar.index(slot), a_bufs.index(slot), pred=pred)
+        tma.async_load(b_desc, [off_k, off_n], bar.index(slot), b_bufs.index(slot), pred=pred, multicast=MULTICAST)
+
+    @gluon.jit
     def mc_matmul_kernel(a_desc, b_desc, c_desc, M, N, K, acc_layout: gl.constexpr, STAGES: gl.constexpr,
                          GROUP_SIZE_M: gl.constexpr, MULTICAST: gl.constexpr):
         """One output tile a program (with MULTICAST, a cluster of two CTAs stacked along M, the
@@ -100,13 +109,9 @@ def gluon_kernel() -> Any:
         for st in gl.static_range(STAGES):
             mbarrier.init(ready.index(st), count=1)
             mbarrier.init(empty.index(st), count=1)
-        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
 
         for i in gl.static_range(STAGES - 1):
-            pred = i < k_tiles
-            mbarrier.expect(ready.index(i), nbytes, pred=pred)
-            tma.async_load(a_desc, [off_m, i * BK], ready.index(i), a_bufs.index(i), pred=pred)
-            tma.async_load(b_desc, [i * BK, off_n], ready.index(i), b_bufs.index(i), pred=pred, multicast=MULTICAST)
+            _load_slot(a_desc, b_desc, a_bufs, b_bufs, ready, i, off_m, off_n, i * BK, i < k_tiles, MULTICAST)
 
         acc = gl.zeros((TILE_M, BN), gl.float32, acc_layout)
         for k in range(k_tiles):
@@ -120,10 +125,7 @@ def gluon_kernel() -> Any:
             refill = j < k_tiles
             mbarrier.arrive(empty.index(sj), pred=(k > 0) & refill)
             mbarrier.wait(empty.index(sj), ((j // STAGES) - 1) & 1, pred=refill & (j >= STAGES))
-            mbarrier.expect(ready.index(sj), nbytes, pred=refill)
-            tma.async_load(a_desc, [off_m, j * BK], ready.index(sj), a_bufs.index(sj), pred=refill)
-            tma.async_load(b_desc, [j * BK, off_n], ready.index(sj), b_bufs.index(sj), pred=refill,
-                           multicast=MULTICAST)
+            _load_slot(a_desc, b_desc, a_bufs, b_bufs, ready, sj, off_m, off_n, j * BK, refill, MULTICAST)
         acc = warpgroup_mma_wait(0, deps=[acc])
 
         c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_shape, c_desc.layout)
@@ -161,15 +163,12 @@ def gluon_kernel() -> Any:
         for st in gl.static_range(STAGES):
             mbarrier.init(ready.index(st), count=1)
             mbarrier.init(empty.index(st), count=1)
-        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
 
         for i in gl.static_range(STAGES - 1):
             pred = i < total
             om, on, ok = _step_coords(i, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
                                       GROUP_SIZE_M)
-            mbarrier.expect(ready.index(i), nbytes, pred=pred)
-            tma.async_load(a_desc, [om, ok], ready.index(i), a_bufs.index(i), pred=pred)
-            tma.async_load(b_desc, [ok, on], ready.index(i), b_bufs.index(i), pred=pred, multicast=MULTICAST)
+            _load_slot(a_desc, b_desc, a_bufs, b_bufs, ready, i, om, on, ok, pred, MULTICAST)
 
         acc = gl.zeros((TILE_M, BN), gl.float32, acc_layout)
         for g in range(total):
@@ -185,9 +184,7 @@ def gluon_kernel() -> Any:
             mbarrier.wait(empty.index(sj), ((j // STAGES) - 1) & 1, pred=refill & (j >= STAGES))
             om, on, ok = _step_coords(j, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
                                       GROUP_SIZE_M)
-            mbarrier.expect(ready.index(sj), nbytes, pred=refill)
-            tma.async_load(a_desc, [om, ok], ready.index(sj), a_bufs.index(sj), pred=refill)
-            tma.async_load(b_desc, [ok, on], ready.index(sj), b_bufs.index(sj), pred=refill, multicast=MULTICAST)
+            _load_slot(a_desc, b_desc, a_bufs, b_bufs, ready, sj, om, on, ok, refill, MULTICAST)
             if kk == k_tiles - 1:
                 acc = warpgroup_mma_wait(0, deps=[acc])
                 cm, cn, _ck = _step_coords(g, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
@@ -204,16 +201,13 @@ def gluon_kernel() -> Any:
         """The producer warp: fill slot k % STAGES once this CTA's MMAs (and with MULTICAST, the
         pair's, whose copy of B the lead's load also overwrites) are done with its last step."""
         BK: gl.constexpr = a_desc.block_shape[1]
-        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
         for k in range(k_tiles):
             s = k % STAGES
             again = k >= STAGES
             mbarrier.wait(mine.index(s), ((k // STAGES) - 1) & 1, pred=again)
             if MULTICAST:
                 mbarrier.wait(pair.index(s), ((k // STAGES) - 1) & 1, pred=again)
-            mbarrier.expect(ready.index(s), nbytes)
-            tma.async_load(a_desc, [off_m, k * BK], ready.index(s), a_bufs.index(s))
-            tma.async_load(b_desc, [k * BK, off_n], ready.index(s), b_bufs.index(s), multicast=MULTICAST)
+            _load_slot(a_desc, b_desc, a_bufs, b_bufs, ready, s, off_m, off_n, k * BK, True, MULTICAST)
 
     @gluon.jit
     def _ws_mmas(a_bufs, b_bufs, ready, mine, pair, k_tiles, acc_layout: gl.constexpr, TILE_M: gl.constexpr,
@@ -272,7 +266,6 @@ def gluon_kernel() -> Any:
         TILE_M: gl.constexpr = a_desc.block_shape[0]
         BK: gl.constexpr = a_desc.block_shape[1]
         BN: gl.constexpr = b_desc.block_shape[1]
-        nbytes: gl.constexpr = a_desc.nbytes_per_cta + b_desc.nbytes_per_cta
         for g in range(my_tiles * k_tiles):
             s = g % STAGES
             again = g >= STAGES
@@ -281,9 +274,7 @@ def gluon_kernel() -> Any:
                 mbarrier.wait(pair.index(s), ((g // STAGES) - 1) & 1, pred=again)
             om, on, ok = _step_coords(g, start, programs, k_tiles, num_pid_m, num_pid_n, TILE_M, BN, BK,
                                       GROUP_SIZE_M)
-            mbarrier.expect(ready.index(s), nbytes)
-            tma.async_load(a_desc, [om, ok], ready.index(s), a_bufs.index(s))
-            tma.async_load(b_desc, [ok, on], ready.index(s), b_bufs.index(s), multicast=MULTICAST)
+            _load_slot(a_desc, b_desc, a_bufs, b_bufs, ready, s, om, on, ok, True, MULTICAST)
 
     @gluon.jit
     def _pp_mmas(a_bufs, b_bufs, c_desc, c_smem, ready, mine, pair, turn, start, programs, my_tiles, k_tiles,
