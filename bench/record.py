@@ -45,6 +45,10 @@ own dataset with its own cuBLAS times (data/replay/matmul-variants-wide-h100.jso
 (`--problems decode`: M <= 256), shipped as its own dataset with its own cuBLAS times
 (data/replay/matmul-variants-narrow-h100.jsonl.gz).
 
+`--pad-only` (matmul): VARIANT=tma with PAD_ROWS (`pad_grid`), on the problems whose rows it can
+pad (`--problems 3000x5000x1000:fp16,1000x3000x2000:bf16` among the recorded ones), shipped as its
+own dataset with its own cuBLAS times (data/replay/matmul-variants-pad-h100.jsonl.gz).
+
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
 interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`
 re-times 10 recorded configs per problem in a new process and compares medians.
@@ -190,12 +194,27 @@ def narrow_grid(problem: Problem) -> list[Config]:
     return out
 
 
+def pad_grid(problem: Problem) -> list[Config]:
+    """VARIANT=tma with PAD_ROWS (`--pad-only`, recorded apart, with its own cuBLAS times): TMA_TILES ×
+    BLOCK_SIZE_K {32,64,128} × stages {3,4} × EPILOGUE_SUBTILE {False,True} × each PAD_ROWS the problem
+    allows (A where K, B where N is not a multiple of 128 bytes; up to 252); none where neither is."""
+    from tilepilot.kernels import get_family
+    from tilepilot.kernels.matmul import pad_rows_applies
+
+    base = [tile_config(bm, bn, bk, w, s, VARIANT="tma", EPILOGUE_SUBTILE=sub)
+            for (bm, bn, w), bk, s, sub in itertools.product(TMA_TILES, [32, 64, 128], [3, 4], [False, True])]
+    space = get_family(MATMUL).space()
+    pads = [pad for pad in ("A", "B", "AB")
+            if pad_rows_applies(space.parse({**base[0].as_dict(), "PAD_ROWS": pad}), problem) is None]
+    return [Config.of({**c.as_dict(), "PAD_ROWS": pad}) for pad in pads for c in base]
+
+
 def tile_config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
     """A matmul config as the recorded grids hold it: the tile, GROUP_SIZE_M 8, and every variant
     parameter at its default unless given."""
     return Config.of({**dict(zip(TILE_NAMES, (bm, bn, bk, 8, w, s), strict=True)),
                       "VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False, "EPILOGUE_SUBTILE": False,
-                      "WARP_SPECIALIZE": False, **variant})
+                      "WARP_SPECIALIZE": False, "PAD_ROWS": "none", **variant})
 
 
 def _hint(problem: Problem) -> bool:
@@ -271,6 +290,10 @@ def submit_compiles(pool: ProcessPoolExecutor, todo: list[tuple[Problem, list[Co
 
 # ---- dataset ---------------------------------------------------------------------------------------
 def load_done(path: Path) -> set[tuple[str, str]]:
+    """(problem, config) keys of the lines in `path`; a matmul config recorded before a variant
+    parameter existed counts with that parameter at its default, as `tile_config` writes it."""
+    from tilepilot.kernels.matmul import DEFAULTS
+
     done: set[tuple[str, str]] = set()
     if path.exists():
         for line in path.read_text().splitlines():
@@ -278,7 +301,8 @@ def load_done(path: Path) -> set[tuple[str, str]]:
                 row = json.loads(line)
                 if "config" not in row:  # a baseline line
                     continue
-                done.add((Problem.of(row["problem"]).key(), Config.of(row["config"]).key()))
+                config = {**DEFAULTS, **row["config"]} if row.get("kernel") == MATMUL else row["config"]
+                done.add((Problem.of(row["problem"]).key(), Config.of(config).key()))
     return done
 
 
@@ -337,6 +361,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             return wide_grid(p)
         if args.narrow_only:
             return narrow_grid(p)
+        if args.pad_only:
+            return pad_grid(p)
         return variants_grid(p) if args.variants else configs_all
 
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
@@ -577,6 +603,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--narrow-only", action="store_true",
                    help="matmul: record only tiles 16 and 32 columns wide (narrow_grid), e.g. --problems decode "
                         "--out data/replay/matmul-variants-narrow-h100.jsonl")
+    p.add_argument("--pad-only", action="store_true",
+                   help="matmul: record only VARIANT=tma with PAD_ROWS (pad_grid), e.g. --problems "
+                        "3000x5000x1000:fp16,1000x3000x2000:bf16 --out data/replay/matmul-variants-pad-h100.jsonl")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

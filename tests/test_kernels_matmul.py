@@ -50,11 +50,13 @@ def test_parse_problem_rejects_with_one_line_naming_key_and_allowed(raw: dict, p
 def test_space_has_the_tutorial_parameters_and_the_variant_ones() -> None:
     space = FAMILY.space()
     assert space.names == ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
-                           "num_stages", "VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
+                           "num_stages", "VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE",
+                           "PAD_ROWS")
     assert space.param("VARIANT").choices == ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail",
                                               "streamk")
     assert space.param("BLOCK_SIZE_N").choices == (16, 32, 64, 128, 160, 192, 256)
-    assert space.size == 5 * 7 * 5 * 4 * 3 * 4 * 7 * 5 * 2 * 2 * 2
+    assert space.param("PAD_ROWS").choices == ("none", "A", "B", "AB")
+    assert space.size == 5 * 7 * 5 * 4 * 3 * 4 * 7 * 5 * 2 * 2 * 2 * 4
 
 
 def test_shared_memory_constraint_names_the_need_and_the_limit() -> None:
@@ -143,14 +145,14 @@ def test_faults_family_extends_the_space_with_fault() -> None:
 def variant(v: str = "grouped", split: int = 1, hint: bool = False, EPILOGUE_SUBTILE: bool = False,
             WARP_SPECIALIZE: bool = False, **tile: int) -> Config:
     return Config.of({**config(**tile).as_dict(), "VARIANT": v, "SPLIT_K": split, "ALIGN_HINT": hint,
-                      "EPILOGUE_SUBTILE": EPILOGUE_SUBTILE, "WARP_SPECIALIZE": WARP_SPECIALIZE})
+                      "EPILOGUE_SUBTILE": EPILOGUE_SUBTILE, "WARP_SPECIALIZE": WARP_SPECIALIZE, "PAD_ROWS": "none"})
 
 
 def test_config_recorded_before_the_variants_parses_as_the_grouped_kernel() -> None:
     old = config().as_dict()
     parsed = FAMILY.space().parse(old)
-    assert parsed == variant() and list(parsed)[-5:] == ["VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE",
-                                                         "WARP_SPECIALIZE"]
+    assert parsed == variant() and list(parsed)[-6:] == ["VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE",
+                                                         "WARP_SPECIALIZE", "PAD_ROWS"]
     assert FAMILY.space().parse(variant("splitk", 4).as_dict())["SPLIT_K"] == 4
     with pytest.raises(InputError, match=r"VARIANT='cutlass' is not one of \{grouped, splitk, persistent, tma, "
                                          r"splitk_fused, tma_tail, streamk\}"):
@@ -266,7 +268,8 @@ def test_kernel_version_covers_every_variant_module() -> None:
 
     assert set(KERNEL_MODULES) == {"tilepilot.kernels.matmul_triton", "tilepilot.kernels.matmul_splitk_triton",
                                    "tilepilot.kernels.matmul_persistent_triton",
-                                   "tilepilot.kernels.matmul_splitk_fused_triton"}
+                                   "tilepilot.kernels.matmul_splitk_fused_triton",
+                                   "tilepilot.kernels.matmul_pad_triton"}
 
 
 def test_recorded_dataset_without_variant_keys_replays_as_the_grouped_kernel() -> None:

@@ -32,6 +32,13 @@ stages) plus the kernel variant and its own parameters:
 - WARP_SPECIALIZE (default False): tma's tile loop with `tl.range(..., warp_specialize=True)`
   (separate load and MMA warps); where the installed Triton cannot do that for the target the
   config is a `compile_error` with Triton's reason;
+- PAD_ROWS (default "none"; "A", "B" or "AB"): for the tensor-descriptor variants, copy the
+  operands named into a buffer whose rows are padded to a multiple of 128 bytes (a Triton kernel
+  launched before the GEMM, matmul_pad_triton.py), and load them from there. TMA loads rows that
+  start off a 128-byte boundary at a cost: on the H100 the tma kernel takes 3000×5000×1000 fp16
+  (rows of 2000 and 10000 bytes) from 0.078 ms to 0.068 ms with B copied at each call
+  (bench/results/pad-probe-h100.json). Only for an operand whose rows are not a multiple of 128
+  bytes (A: K, B: N elements);
 - ALIGN_HINT (default False): state the alignment of K and N that Triton cannot see. Triton
   specialises integer arguments on divisibility by 16 only, so a row of K=1000 fp16 elements
   (2000 bytes, a multiple of 16) looks unaligned and its loads go element by element. With
@@ -72,6 +79,7 @@ TOLERANCE = {"bf16": 1e-2, "fp16": 2e-3}  # ||C - ref|| / ||ref||; output roundi
 H100_SHARED_BYTES = Target().max_shared_bytes
 VECTOR_BYTES = 16  # the widest load a thread issues, and TMA's row-stride alignment
 MAX_WORKSPACE_BYTES = 2**30  # split-K's fp32 partials, SPLIT_K × M × N × 4 bytes
+PAD_ROW_BYTES = 128  # PAD_ROWS pads an operand's rows to a multiple of this
 WARP_THREADS = 32
 MAX_THREAD_REGISTERS = 255
 INTERPRETER_PROGRAMS = 3  # persistent programs under the interpreter: fewer than the tiles, so each loops
@@ -94,6 +102,7 @@ VARIANT_PARAMS = (
     Param("ALIGN_HINT", (False, True), default=False),
     Param("EPILOGUE_SUBTILE", (False, True), default=False),
     Param("WARP_SPECIALIZE", (False, True), default=False),
+    Param("PAD_ROWS", ("none", "A", "B", "AB"), default="none"),
 )
 DEFAULTS: dict[str, Any] = {p.name: p.default for p in VARIANT_PARAMS}
 
@@ -215,6 +224,44 @@ def tma_fits(config: Config, problem: Problem) -> str | None:
     return None
 
 
+def padded(config: Config) -> str:
+    """The operands PAD_ROWS copies into padded rows, "a" and/or "b" ("" for none)."""
+    pads = str(setting(config, "PAD_ROWS"))
+    return "" if pads == "none" else pads.lower()
+
+
+def row_cols(problem: Problem, operand: str) -> int:
+    """Elements in a row of operand "a" (K) or "b" (N)."""
+    _, n, k = dims(problem)
+    return k if operand == "a" else n
+
+
+def pad_rows_applies(config: Config, problem: Problem) -> str | None:
+    """PAD_ROWS is for the tensor-descriptor variants (the others load rows through pointers), and
+    only for operands whose rows are not a multiple of 128 bytes already."""
+    pads = padded(config)
+    if not pads:
+        return None
+    variant = setting(config, "VARIANT")
+    if variant not in TMA_VARIANTS:
+        return (f"PAD_ROWS={setting(config, 'PAD_ROWS')} is only for VARIANT={' or '.join(TMA_VARIANTS)}, "
+                "which load through tensor descriptors")
+    size = DTYPE_BYTES[str(problem["dtype"])]
+    for operand in pads:
+        cols = row_cols(problem, operand)
+        if cols * size % PAD_ROW_BYTES == 0:
+            return (f"PAD_ROWS={setting(config, 'PAD_ROWS')} has nothing to pad in {operand.upper()}: its rows "
+                    f"of {'K' if operand == 'a' else 'N'}={cols} {problem['dtype']} elements are "
+                    f"{cols * size} bytes, a multiple of {PAD_ROW_BYTES}")
+    return None
+
+
+def pad_pitch(problem: Problem, operand: str) -> int:
+    """Row pitch in elements of operand's padded copy: its row length rounded up to 128 bytes."""
+    step = PAD_ROW_BYTES // DTYPE_BYTES[str(problem["dtype"])]
+    return -(-row_cols(problem, operand) // step) * step
+
+
 def accumulator_fits_registers(config: Config, problem: Problem) -> str | None:
     """The fp32 accumulator of a tile, BM·BN / (32·num_warps) registers per thread, must fit the
     255 a thread can have: one that does not always spills. The recorded H100 and H200 grids predate
@@ -266,7 +313,7 @@ def descriptor_blocks(config: Config) -> dict[str, tuple[str, tuple[int, int]]]:
 
 
 CONSTRAINTS = (wide_tile, variant_settings, align_hint_applies, shared_memory_fits, splitk_fits, tma_fits,
-               accumulator_fits_registers)
+               pad_rows_applies, accumulator_fits_registers)
 
 
 class MatmulFamily(KernelFamily):
@@ -312,7 +359,7 @@ class MatmulFamily(KernelFamily):
 
     # ---- device side ------------------------------------------------------------------------
     def compile(self, problem: Problem, config: Config, target: Target) -> Any:
-        from tilepilot.kernels import matmul_splitk_triton
+        from tilepilot.kernels import matmul_pad_triton, matmul_splitk_triton
         from tilepilot.kernels.compile import Descriptor, Pointer, aot_compile
 
         variant = setting(config, "VARIANT")
@@ -326,6 +373,12 @@ class MatmulFamily(KernelFamily):
         args.update({name: Descriptor(dtype, block) for name, (_, block) in descriptor_blocks(config).items()})
         main = aot_compile(fn, {**args, **ints}, constexprs, target,
                            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
+        if padded(config):
+            return PaddedCompiled(main, {operand: aot_compile(matmul_pad_triton.pad_rows_kernel,
+                                                              {**_pad_args(problem, operand, Pointer(dtype))},
+                                                              _pad_constexprs(problem, operand), target,
+                                                              num_warps=matmul_pad_triton.WARPS, num_stages=1)
+                                         for operand in padded(config)})
         if variant != "splitk":
             return main
         m, n, _ = dims(problem)
@@ -377,8 +430,10 @@ class MatmulFamily(KernelFamily):
         bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
         tiles = -(-m // bm) * -(-n // bn)
         blocks = descriptor_blocks(config)
+        copies = _pad_copies(problem, config, {"a": a, "b": b}, compiled)
         pointers: dict[str, Any] = ({"a_ptr": a, "b_ptr": b, "c_ptr": out} if not blocks
-                                    else _descriptors(blocks, {"a": a, "b": b, "c": out}))
+                                    else _descriptors(blocks, {"a": a, "b": b, "c": out,
+                                                               **{name: dst for name, (dst, _) in copies.items()}}))
         grid = (tiles, 1, 1) if variant == "grouped" else (min(tiles, _programs(a)), 1, 1)
         if variant == "splitk_fused":
             split = int(setting(config, "SPLIT_K"))
@@ -392,7 +447,16 @@ class MatmulFamily(KernelFamily):
             grid = (_programs(a), 1, 1)
             pointers.update(ws_ptr=_workspace(grid[0] * 2 * bm * bn, a.device), lock_ptr=_locks(grid[0], a.device))
         run = launch(fn, grid, {**pointers, **ints}, constexprs, config, compiled)
-        return run
+        if not copies:
+            return run
+        pads = [copy for _, copy in copies.values()]
+
+        def run_padded() -> None:
+            for copy in pads:
+                copy()
+            run()
+
+        return run_padded
 
     def baseline(self, problem: Problem, inputs: tuple[Any, ...], out: Any) -> Callable[[], None] | None:
         import torch
@@ -406,23 +470,42 @@ class MatmulFamily(KernelFamily):
 
 
 KERNEL_MODULES = ("tilepilot.kernels.matmul_triton", "tilepilot.kernels.matmul_splitk_triton",
-                  "tilepilot.kernels.matmul_persistent_triton", "tilepilot.kernels.matmul_splitk_fused_triton")
+                  "tilepilot.kernels.matmul_persistent_triton", "tilepilot.kernels.matmul_splitk_fused_triton",
+                  "tilepilot.kernels.matmul_pad_triton")
 
 
-class SplitKCompiled:
-    """The split-K kernel and its reduction compiled together. To the evaluator it reads as the
+class _Composite:
+    """A main kernel compiled with the others its launch needs. To the evaluator it reads as the
     main kernel (its metadata, registers and spills; `compiled[grid]` launches it)."""
 
-    def __init__(self, main: Any, reduce: Any) -> None:
+    compiled_parts: tuple[Any, ...]  # every kernel in it (compile.build_launchers)
+
+    def __init__(self, main: Any) -> None:
         self.main = main
-        self.reduce = reduce
-        self.compiled_parts = (main, reduce)  # every kernel in it (compile.build_launchers)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.main, name)
 
     def __getitem__(self, grid: tuple[int, int, int]) -> Any:
         return self.main[grid]
+
+
+class SplitKCompiled(_Composite):
+    """The split-K kernel and its reduction compiled together."""
+
+    def __init__(self, main: Any, reduce: Any) -> None:
+        super().__init__(main)
+        self.reduce = reduce
+        self.compiled_parts = (main, reduce)
+
+
+class PaddedCompiled(_Composite):
+    """A tensor-descriptor kernel and the copy kernel of each operand PAD_ROWS pads ("a", "b")."""
+
+    def __init__(self, main: Any, pads: dict[str, Any]) -> None:
+        super().__init__(main)
+        self.pads = pads
+        self.compiled_parts = (main, *pads.values())
 
 
 # ---- variants: which kernel, its arguments, its launch ------------------------------------------
@@ -462,6 +545,50 @@ def _kernel(problem: Problem, config: Config) -> tuple[Any, dict[str, int], dict
     return matmul_triton.matmul_kernel, ints, aligned
 
 
+def _pad_args(problem: Problem, operand: str, pointer: Any) -> dict[str, Any]:
+    """pad_rows_kernel's arguments for operand "a" (M×K) or "b" (K×N), `pointer` as src and dst."""
+    m, n, k = dims(problem)
+    rows, cols = (m, k) if operand == "a" else (k, n)
+    return {"src_ptr": pointer, "dst_ptr": pointer, "rows": rows, "cols": cols, "ld": pad_pitch(problem, operand)}
+
+
+def _pad_constexprs(problem: Problem, operand: str) -> dict[str, int]:
+    from tilepilot.kernels import matmul_pad_triton
+
+    dtype = str(problem["dtype"])
+    return {"ALIGN": alignment(row_cols(problem, operand), dtype),
+            "LD_ALIGN": PAD_ROW_BYTES // DTYPE_BYTES[dtype], "BLOCK_R": matmul_pad_triton.BLOCK_R,
+            "BLOCK_C": matmul_pad_triton.BLOCK_C}
+
+
+def _pad_copies(problem: Problem, config: Config, operands: dict[str, Any],
+                compiled: Any | None) -> dict[str, tuple[Any, Callable[[], None]]]:
+    """Operand name -> (its padded copy, a closure that makes it) for each operand PAD_ROWS pads.
+    The copies live in this process's padded-rows buffer (`_shared`), made here, outside the timed
+    closure."""
+    from tilepilot.kernels import matmul_pad_triton
+
+    names = padded(config)
+    if not names:
+        return {}
+    src = [operands[name] for name in names]
+    pitches = [pad_pitch(problem, name) for name in names]
+    sizes = [t.shape[0] * ld * t.element_size() for t, ld in zip(src, pitches, strict=True)]  # multiples of 128
+    buf = _shared(_PADDED, sum(sizes), "uint8", src[0].device)
+    out: dict[str, tuple[Any, Callable[[], None]]] = {}
+    offset = 0
+    for name, t, ld, size in zip(names, src, pitches, sizes, strict=True):
+        rows, cols = t.shape
+        dst = buf[offset:offset + rows * ld * t.element_size()].view(t.dtype).view(rows, ld)[:, :cols]
+        offset += size
+        grid = (-(-rows // matmul_pad_triton.BLOCK_R), -(-cols // matmul_pad_triton.BLOCK_C), 1)
+        values = {**_pad_args(problem, name, None), "src_ptr": t, "dst_ptr": dst}
+        out[name] = (dst, launch(matmul_pad_triton.pad_rows_kernel, grid, values, _pad_constexprs(problem, name),
+                                 Config.of({"num_warps": matmul_pad_triton.WARPS, "num_stages": 1}),
+                                 None if compiled is None else compiled.pads[name]))
+    return out
+
+
 def _reduce_constexprs(config: Config) -> dict[str, int]:
     from tilepilot.kernels import matmul_splitk_triton
 
@@ -496,6 +623,22 @@ def _splitk_launcher(problem: Problem, config: Config, a: Any, b: Any, out: Any,
 
 
 _WORKSPACES: dict[str, Any] = {}  # device -> the largest split-K workspace made there so far
+_LOCKS: dict[str, Any] = {}  # device -> the largest set of split-K tile counters made there so far
+_PADDED: dict[str, Any] = {}  # device -> the largest buffer of PAD_ROWS's copies made there so far
+
+
+def _shared(store: dict[str, Any], numel: int, dtype: str, device: Any, zero: bool = False) -> Any:
+    """`numel` elements of `store`'s buffer on `device`, made (zeroed with `zero`) or grown when too
+    small: launches built on an older one keep it alive as long as they live."""
+    import torch
+
+    key = str(device)
+    buf = store.get(key)
+    if buf is None or buf.numel() < numel:
+        store.pop(key, None)
+        make = torch.zeros if zero else torch.empty
+        buf = store[key] = make(numel, dtype=getattr(torch, dtype), device=device)
+    return buf[:numel]
 
 
 def _workspace(numel: int, device: Any) -> Any:
@@ -504,18 +647,9 @@ def _workspace(numel: int, device: Any) -> Any:
     One workspace shared by every split-K launch, as a GEMM library keeps one: launches run one
     after another on a stream, each writing its partials and reducing them before the next starts.
     The evaluator builds launches for every input set, cold copy and config of a batch before it
-    times them; one workspace each would not fit (63 split-K configs × 8 copies × 480 MB)."""
-    import torch
-
-    key = str(device)
-    ws = _WORKSPACES.get(key)
-    if ws is None or ws.numel() < numel:
-        _WORKSPACES.pop(key, None)  # launches built on the old one keep it alive as long as they live
-        ws = _WORKSPACES[key] = torch.empty(numel, dtype=torch.float32, device=device)
-    return ws[:numel]
-
-
-_LOCKS: dict[str, Any] = {}  # device -> the largest set of split-K tile counters made there so far
+    times them; one workspace each would not fit (63 split-K configs × 8 copies × 480 MB). PAD_ROWS's
+    copies share a buffer of their own (`_PADDED`) likewise: each launch makes them before its GEMM."""
+    return _shared(_WORKSPACES, numel, "float32", device)
 
 
 def _descriptors(blocks: dict[str, tuple[str, tuple[int, int]]], tensors: dict[str, Any]) -> dict[str, Any]:
@@ -531,14 +665,7 @@ def _descriptors(blocks: dict[str, tuple[str, tuple[int, int]]], tensors: dict[s
 def _locks(count: int, device: Any) -> Any:
     """`count` int32 tile counters of this process on `device`, zero between launches (the program
     that reduces a tile resets its counter), grown when too few; shared as the workspace is."""
-    import torch
-
-    key = str(device)
-    locks = _LOCKS.get(key)
-    if locks is None or locks.numel() < count:
-        _LOCKS.pop(key, None)
-        locks = _LOCKS[key] = torch.zeros(count, dtype=torch.int32, device=device)
-    return locks[:count]
+    return _shared(_LOCKS, count, "int32", device, zero=True)
 
 
 def _programs(a: Any) -> int:

@@ -40,7 +40,7 @@ GATED_W1 = ("fused_moe",)  # kernels whose problem N counts w1's gate and up row
 VLLM_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 # Kernel-variant parameters at the values that mean vLLM's own kernel (matmul's defaults): not extra keys.
 PLAIN_KERNEL = {"VARIANT": "grouped", "SPLIT_K": 1, "ALIGN_HINT": False, "EPILOGUE_SUBTILE": False,
-                "WARP_SPECIALIZE": False}
+                "WARP_SPECIALIZE": False, "PAD_ROWS": "none"}
 # tilepilot dtype -> vLLM's dtype selector (None: no selector in the file name)
 _DTYPE_SELECTOR: dict[str, str | None] = {"fp16": None, "bf16": None, "fp32": "float32", "float32": "float32"}
 
