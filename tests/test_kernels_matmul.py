@@ -389,3 +389,24 @@ def test_the_tuned_arms_finalists_hold_each_recorded_variants_fastest_config() -
         assert chosen[0] == timed[0][1]  # the fastest recorded config first
         assert set(fastest.values()) <= set(chosen), p.label()  # and every variant's best, not only the top two
         assert len(fastest) > kernels.FINALISTS
+
+
+def test_recorded_pad_dataset_is_each_unaligned_problems_grid_with_cublas() -> None:
+    import sys
+
+    from tilepilot.experiments import Status
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import record  # type: ignore[import-not-found]
+
+    ds = load_dataset(DATA_DIR / "matmul-variants-pad-h100.jsonl.gz", FAMILY)
+    assert {p.label() for p in ds.problems} == {"M=3000 N=5000 K=1000 fp16", "M=1000 N=3000 K=2000 bf16"}
+    for p in ds.problems:
+        records = ds.records(p)
+        assert set(records) == set(record.pad_grid(p)) and len(records) == 252, p.label()
+        for c, r in records.items():  # refused configs recorded as invalid, never timed; no failure otherwise
+            assert (FAMILY.space().check(c, p) is None) == (r.status is not Status.INVALID), (p.label(), c.label())
+            assert r.status in (Status.OK, Status.INVALID), (p.label(), c.label(), r.message)
+        assert ds.baseline(p)[0] == FAMILY.baseline_name
+        assert {c["PAD_ROWS"] for c in records} == {"A", "B", "AB"}
