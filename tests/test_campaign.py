@@ -136,3 +136,33 @@ def test_space_narrowed_rejects_unknown_parameter_and_choice():
         space.narrowed({"warps": [4]})
     with pytest.raises(InputError, match=r"space.num_warps: 16 is not one of \{2, 4, 8\}"):
         space.narrowed({"num_warps": [16]})
+
+
+def test_valid_prunes_on_the_parameters_a_constraint_reads_and_keeps_the_order():
+    from tilepilot.experiments import Param, Problem, SearchSpace, reads
+
+    calls = {"tile": 0, "split": 0, "whole": 0}
+
+    @reads("BLOCK", "num_warps")
+    def tile(config, problem):
+        calls["tile"] += 1
+        return "too big" if config["BLOCK"] * config["num_warps"] > problem["limit"] else None
+
+    @reads("SPLIT", "VARIANT")  # read in another order than the space's
+    def split(config, problem):
+        calls["split"] += 1
+        return "no split" if config["VARIANT"] == "plain" and config["SPLIT"] != 1 else None
+
+    def whole(config, problem):  # unmarked: decided on whole configs
+        calls["whole"] += 1
+        return "odd" if (config["BLOCK"] + config["SPLIT"]) % 3 == 0 else None
+
+    params = (Param("BLOCK", (16, 32, 64, 128)), Param("num_warps", (2, 4, 8)), Param("VARIANT", ("plain", "split")),
+              Param("SPLIT", (1, 2, 4)), Param("stages", (2, 3)))
+    space = SearchSpace(params, (tile, split, whole))
+    problem = Problem.of({"limit": 256})
+    brute = [c for c in space if space.check(c, problem) is None]
+    calls.update(tile=0, split=0, whole=0)
+    assert space.valid(problem) == brute and 0 < len(brute) < space.size
+    assert calls["tile"] == 4 * 3  # once per (BLOCK, num_warps), not once per config
+    assert calls["split"] < space.size and calls["whole"] < space.size

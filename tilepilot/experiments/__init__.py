@@ -22,7 +22,7 @@ from tilepilot.experiments.hypothesis import (
 )
 from tilepilot.experiments.keys import experiment_key
 from tilepilot.experiments.result import DeviceCeilings, Environment, Result, Telemetry, Timing
-from tilepilot.experiments.space import Constraint, Param, SearchSpace, at_default
+from tilepilot.experiments.space import Constraint, Param, SearchSpace, at_default, reads
 from tilepilot.experiments.status import Status
 from tilepilot.experiments.telemetry import GpuSample
 from tilepilot.experiments.values import Config, Problem, Value, canonical_json, same_value
@@ -32,5 +32,5 @@ __all__ = [
     "DeviceCeilings", "Environment", "Evidence", "GpuSample", "Hypothesis", "HypothesisState", "InputError",
     "Learning", "Param", "Problem", "Result", "Scope", "SearchSpace", "Status", "Telemetry", "TilepilotError",
     "Timing", "Value", "Verdict", "at_default", "canonical_json", "experiment_key", "load_campaign", "parse_campaign",
-    "same_value",
+    "reads", "same_value",
 ]

@@ -14,6 +14,20 @@ from tilepilot.experiments.values import Config, Problem, Value
 Constraint = Callable[[Config, Problem], str | None]
 
 
+def reads(*names: str) -> Callable[[Constraint], Constraint]:
+    """Mark a constraint with the only parameters it reads (a decorator). `SearchSpace.valid` then
+    decides it as soon as those are chosen and skips every config that shares a refused choice of
+    them, instead of building each: a space of conditional parameters is mostly refused
+    combinations (matmul's: 9.4 million points, under 230,000 valid on any problem). A constraint
+    without the mark is decided on whole configs. The mark must be true: one that reads a parameter
+    it does not name would be decided on a config that lacks it."""
+    def mark(fn: Constraint) -> Constraint:
+        fn.reads = frozenset(names)  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
 @dataclass(frozen=True)
 class Param:
     """One tunable parameter with its allowed values, in increasing order where ordered.
@@ -89,7 +103,36 @@ class SearchSpace:
         return None
 
     def valid(self, problem: Problem) -> list[Config]:
-        return [c for c in self if self.check(c, problem) is None]
+        """The configs `check` passes, in the order of iteration. Each constraint marked with the
+        parameters it reads (`reads`) is decided on the first of them chosen, over a partial config,
+        so a refused choice prunes all that follows it; the rest are decided on whole configs."""
+        names = self.names
+        depth = {name: i for i, name in enumerate(names)}
+        last = len(names) - 1
+        at: list[list[Constraint]] = [[] for _ in names]
+        for c in self.constraints:
+            marked = getattr(c, "reads", None)
+            known = marked is not None and marked <= depth.keys()
+            at[max((depth[n] for n in marked), default=0) if known else last].append(c)  # type: ignore[union-attr]
+        out: list[Config] = []
+        chosen: dict[str, Value] = {}
+
+        def walk(d: int) -> None:
+            for value in self.params[d].choices:
+                chosen[names[d]] = value
+                if at[d] or d == last:
+                    config = Config.of(dict(chosen))
+                    if any(c(config, problem) for c in at[d]):
+                        continue
+                    if d == last:
+                        out.append(config)
+                        continue
+                walk(d + 1)
+            del chosen[names[d]]
+
+        if names:
+            walk(0)
+        return out
 
     def narrowed(self, choices: Mapping[str, Sequence[object]]) -> SearchSpace:
         """The space with some parameters limited to the given choices (a campaign's [space]).

@@ -67,7 +67,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tilepilot.experiments import Config, InputError, Param, Problem, SearchSpace
+from tilepilot.experiments import Config, InputError, Param, Problem, SearchSpace, reads
 from tilepilot.kernels.base import KernelFamily, Target, Work
 from tilepilot.kernels.compile import hash_modules, launch
 
@@ -118,6 +118,7 @@ def pipelined_shared_bytes(config: Config, problem: Problem) -> int:
     return int(config["num_stages"]) * (bm * bk + bk * bn) * DTYPE_BYTES[str(problem["dtype"])]
 
 
+@reads("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_stages")
 def shared_memory_fits(config: Config, problem: Problem) -> str | None:
     """The pipelined A/B tiles must fit the per-block shared memory of the device (H100: 227 KiB)."""
     need = pipelined_shared_bytes(config, problem)
@@ -147,14 +148,23 @@ def alignments(problem: Problem, config: Config) -> tuple[int, int]:
     return alignment(k, dtype), alignment(n, dtype)
 
 
-def variant_settings(config: Config, problem: Problem) -> str | None:
-    """SPLIT_K belongs to the split-K variants, which need at least two splits; EPILOGUE_SUBTILE to
-    the tensor-descriptor variants; WARP_SPECIALIZE to VARIANT=tma."""
+# Each constraint names the parameters it reads (`reads`), so that SearchSpace.valid prunes a
+# refused choice of them at once: the variant parameters make the space 9.4 million points.
+@reads("VARIANT", "SPLIT_K")
+def split_settings(config: Config, problem: Problem) -> str | None:
+    """SPLIT_K belongs to the split-K variants, which need at least two splits."""
     variant, split = setting(config, "VARIANT"), int(setting(config, "SPLIT_K"))
     if variant in SPLIT_VARIANTS and split < 2:
         return f"VARIANT={variant} needs SPLIT_K of 2 or more"
     if variant not in SPLIT_VARIANTS and split != 1:
         return f"SPLIT_K={split} is only for VARIANT={' or '.join(SPLIT_VARIANTS)}"
+    return None
+
+
+@reads("VARIANT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
+def descriptor_settings(config: Config, problem: Problem) -> str | None:
+    """EPILOGUE_SUBTILE belongs to the tensor-descriptor variants; WARP_SPECIALIZE to VARIANT=tma."""
+    variant = setting(config, "VARIANT")
     if setting(config, "EPILOGUE_SUBTILE") and variant not in TMA_VARIANTS:
         return f"EPILOGUE_SUBTILE=True is only for VARIANT={' or '.join(TMA_VARIANTS)}"
     if setting(config, "WARP_SPECIALIZE") and variant != "tma":
@@ -162,6 +172,7 @@ def variant_settings(config: Config, problem: Problem) -> str | None:
     return None
 
 
+@reads("ALIGN_HINT", "VARIANT")
 def align_hint_applies(config: Config, problem: Problem) -> str | None:
     """ALIGN_HINT must say something Triton does not know, to a kernel that loads through pointers."""
     if not setting(config, "ALIGN_HINT"):
@@ -176,6 +187,7 @@ def align_hint_applies(config: Config, problem: Problem) -> str | None:
     return None
 
 
+@reads("VARIANT", "SPLIT_K", "BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")
 def splitk_fits(config: Config, problem: Problem) -> str | None:
     """Every split gets at least one BLOCK_SIZE_K block, and the fp32 partials fit the workspace cap."""
     if setting(config, "VARIANT") not in SPLIT_VARIANTS:
@@ -203,6 +215,7 @@ def workspace_elements(problem: Problem, config: Config) -> int:
     return -(-m // bm) * -(-n // bn) * bm * bn
 
 
+@reads("VARIANT", "BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_stages", "EPILOGUE_SUBTILE")
 def tma_fits(config: Config, problem: Problem) -> str | None:
     """TMA needs 16-byte aligned row strides; the stored C tile (half of it with EPILOGUE_SUBTILE)
     is staged in shared memory too."""
@@ -236,6 +249,7 @@ def row_cols(problem: Problem, operand: str) -> int:
     return k if operand == "a" else n
 
 
+@reads("PAD_ROWS", "VARIANT")
 def pad_rows_applies(config: Config, problem: Problem) -> str | None:
     """PAD_ROWS is for the tensor-descriptor variants (the others load rows through pointers), and
     only for operands whose rows are not a multiple of 128 bytes already."""
@@ -262,6 +276,7 @@ def pad_pitch(problem: Problem, operand: str) -> int:
     return -(-row_cols(problem, operand) // step) * step
 
 
+@reads("BLOCK_SIZE_M", "BLOCK_SIZE_N", "num_warps")
 def accumulator_fits_registers(config: Config, problem: Problem) -> str | None:
     """The fp32 accumulator of a tile, BM·BN / (32·num_warps) registers per thread, must fit the
     255 a thread can have: one that does not always spills. The recorded H100 and H200 grids predate
@@ -276,14 +291,22 @@ def accumulator_fits_registers(config: Config, problem: Problem) -> str | None:
     return None
 
 
+@reads("BLOCK_SIZE_N", "VARIANT")
 def wide_tile(config: Config, problem: Problem) -> str | None:
-    """A BLOCK_SIZE_N that is not a power of two is two column blocks of the tma kernel, each stored
-    whole (no EPILOGUE_SUBTILE, no WARP_SPECIALIZE)."""
+    """A BLOCK_SIZE_N that is not a power of two is two column blocks of the tma kernel."""
+    bn = int(config["BLOCK_SIZE_N"])
+    if bn & (bn - 1) and setting(config, "VARIANT") != "tma":
+        return f"BLOCK_SIZE_N={bn} (not a power of two) is only for VARIANT=tma"
+    return None
+
+
+@reads("BLOCK_SIZE_N", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
+def wide_tile_store(config: Config, problem: Problem) -> str | None:
+    """Each column block of a tile BLOCK_SIZE_N wide that is not a power of two is stored whole (no
+    EPILOGUE_SUBTILE, no WARP_SPECIALIZE)."""
     bn = int(config["BLOCK_SIZE_N"])
     if bn & (bn - 1) == 0:
         return None
-    if setting(config, "VARIANT") != "tma":
-        return f"BLOCK_SIZE_N={bn} (not a power of two) is only for VARIANT=tma"
     for name in ("EPILOGUE_SUBTILE", "WARP_SPECIALIZE"):
         if setting(config, name):
             return f"{name}=True is not for BLOCK_SIZE_N={bn}, which is stored as two column blocks"
@@ -312,8 +335,8 @@ def descriptor_blocks(config: Config) -> dict[str, tuple[str, tuple[int, int]]]:
     return {"a_desc": ("a", (bm, bk)), "b_desc": ("b", (bk, bn)), "c_desc": ("c", (bm, c_cols))}
 
 
-CONSTRAINTS = (wide_tile, variant_settings, align_hint_applies, shared_memory_fits, splitk_fits, tma_fits,
-               pad_rows_applies, accumulator_fits_registers)
+CONSTRAINTS = (wide_tile, wide_tile_store, split_settings, descriptor_settings, align_hint_applies,
+               shared_memory_fits, splitk_fits, tma_fits, pad_rows_applies, accumulator_fits_registers)
 
 
 class MatmulFamily(KernelFamily):
