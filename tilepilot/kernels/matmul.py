@@ -398,7 +398,7 @@ class MatmulFamily(KernelFamily):
                            num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]))
         if padded(config):
             return PaddedCompiled(main, {operand: aot_compile(matmul_pad_triton.pad_rows_kernel,
-                                                              {**_pad_args(problem, operand, Pointer(dtype))},
+                                                              _pad_args(problem, operand, Pointer(dtype)),
                                                               _pad_constexprs(problem, operand), target,
                                                               num_warps=matmul_pad_triton.WARPS, num_stages=1)
                                          for operand in padded(config)})
