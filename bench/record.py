@@ -49,6 +49,11 @@ own dataset with its own cuBLAS times (data/replay/matmul-variants-wide-h100.jso
 pad (`--problems 3000x5000x1000:fp16,1000x3000x2000:bf16` among the recorded ones), shipped as its
 own dataset with its own cuBLAS times (data/replay/matmul-variants-pad-h100.jsonl.gz).
 
+`--group-only` (matmul): the tuned config of each problem in the table's run
+(bench/results/kernels-all-h100.json) at GROUP_SIZE_M 1, 4 and 16 (`group_grid`; every other grid
+holds 8 alone), shipped as its own dataset with its own cuBLAS times
+(data/replay/matmul-variants-group-h100.jsonl.gz).
+
 `--aot-vs-jit FILE` instead times a few configs launched ahead-of-time and through the JIT,
 interleaved, and checks that both are the same kernel (identical PTX). `--repeat-check FILE`
 re-times 10 recorded configs per problem in a new process and compares medians.
@@ -209,6 +214,25 @@ def pad_grid(problem: Problem) -> list[Config]:
     return [Config.of({**c.as_dict(), "PAD_ROWS": pad}) for pad in pads for c in base]
 
 
+GROUP_TABLE = Path(__file__).resolve().parent / "results" / "kernels-all-h100.json"
+
+
+def group_grid(problem: Problem) -> list[Config]:
+    """The problem's tuned config in the table's run (GROUP_TABLE) at GROUP_SIZE_M 1, 4 and 16
+    (`--group-only`, recorded apart, with its own cuBLAS times): the recorded grids fix the tile
+    order at 8, and bench/group_probe.py found others faster on some shapes. [] for a problem the
+    table lacks."""
+    from tilepilot.kernels import get_family
+
+    tuned = {r["label"]: r["arms"]["tuned"]["config"] for r in json.loads(GROUP_TABLE.read_text())["rows"]
+             if r["kernel"] == MATMUL and "tuned" in r["arms"]}
+    config = tuned.get(problem.label())
+    if config is None:
+        return []
+    space = get_family(MATMUL).space()
+    return [space.parse({**config, "GROUP_SIZE_M": g}) for g in (1, 4, 16)]
+
+
 def tile_config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
     """A matmul config as the recorded grids hold it: the tile, GROUP_SIZE_M 8, and every variant
     parameter at its default unless given."""
@@ -363,6 +387,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             return narrow_grid(p)
         if args.pad_only:
             return pad_grid(p)
+        if args.group_only:
+            return group_grid(p)
         return variants_grid(p) if args.variants else configs_all
 
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
@@ -606,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pad-only", action="store_true",
                    help="matmul: record only VARIANT=tma with PAD_ROWS (pad_grid), e.g. --problems "
                         "3000x5000x1000:fp16,1000x3000x2000:bf16 --out data/replay/matmul-variants-pad-h100.jsonl")
+    p.add_argument("--group-only", action="store_true",
+                   help="matmul: record only the table's tuned configs at GROUP_SIZE_M 1, 4, 16 (group_grid), e.g. "
+                        "--out data/replay/matmul-variants-group-h100.jsonl")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

@@ -410,3 +410,42 @@ def test_recorded_pad_dataset_is_each_unaligned_problems_grid_with_cublas() -> N
             assert r.status in (Status.OK, Status.INVALID), (p.label(), c.label(), r.message)
         assert ds.baseline(p)[0] == FAMILY.baseline_name
         assert {c["PAD_ROWS"] for c in records} == {"A", "B", "AB"}
+
+
+def test_recorded_group_dataset_is_each_problems_tuned_config_at_three_tile_orders() -> None:
+    import sys
+
+    from tilepilot.experiments import Status
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import record  # type: ignore[import-not-found]
+
+    ds = load_dataset(DATA_DIR / "matmul-variants-group-h100.jsonl.gz", FAMILY)
+    assert {p.key() for p in ds.problems} == {p.key() for p in record.problems_for("matmul", "all")}
+    for p in ds.problems:
+        records = ds.records(p)
+        assert sorted(c["GROUP_SIZE_M"] for c in records) == [1, 4, 16], p.label()
+        rest = {tuple((k, v) for k, v in c.items() if k != "GROUP_SIZE_M") for c in records}
+        assert len(rest) == 1, p.label()  # one config, three tile orders
+        assert all(r.status is Status.OK for r in records.values()), p.label()
+        assert ds.baseline(p)[0] == FAMILY.baseline_name
+
+
+def test_group_grid_is_the_tables_tuned_config_at_the_other_tile_orders() -> None:
+    import json
+    import sys
+
+    from tilepilot.orchestrator.replay import DATA_DIR
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import record  # type: ignore[import-not-found]
+
+    rows = json.loads(record.GROUP_TABLE.read_text())["rows"]
+    row = next(r for r in rows if r["kernel"] == "matmul")
+    p = FAMILY.parse_problem(row["problem"])
+    grid = record.group_grid(p)
+    assert [c["GROUP_SIZE_M"] for c in grid] == [1, 4, 16]
+    assert all({**c.as_dict(), "GROUP_SIZE_M": 8} == {**row["arms"]["tuned"]["config"], "GROUP_SIZE_M": 8}
+               for c in grid)
+    assert record.group_grid(problem(96, 96, 96)) == []  # not in the table
