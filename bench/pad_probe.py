@@ -4,22 +4,22 @@
 
 bench/align_probe.py found that rows which are not a multiple of 128 bytes slow the tma kernel's
 loads (3000x5000x1000 fp16: 0.079 ms, 0.056 ms with A, B and C padded ahead of time, cuBLAS 0.058),
-but that padding with `torch.Tensor.copy_` at each call costs more than it saves. Here the copy is
-a Triton kernel (`pad_rows_kernel`: tiles of whole vectors, the source's rows restated as
+but that padding with `torch.Tensor.copy_` at each call costs more than it saves. Here the copy is a
+Triton kernel (`pad_rows_kernel`, the one PAD_ROWS launches since,
+tilepilot/kernels/matmul_pad_triton.py: tiles of whole vectors, the source's rows restated as
 multiples of 16 bytes so its loads are vectors too) into a workspace whose rows are padded to 128
 bytes, made once outside the timed closure; the family's own tma kernel (host-made tensor
 descriptors over the padded views, C unpadded) then runs on the copies. Timed side by side with the
 timer and plan of bench/kernels.py (L2 cold before each launch, so the copy reads its operand from
 DRAM as the GEMM would): `cublas`; `tma` (the family's launch of the config); `pad-A`, `pad-B`,
 `pad-AB` (the copies and the GEMM, two or three launches, timed together); `fused-B`, `fused-AB`
-(one launch, `matmul_tma_pad_kernel`: every program first copies its share of blocks of
-R x C elements, two blocks in flight, then waits at a grid-wide barrier before the tma tile
-loop); `padded-AB` (the GEMM on copies made once, untimed: what the copies could buy at most);
-`copy-B` (the pad kernel alone on B). Each arm's
-output is checked against the family's reference before it is timed. Shapes: the matmul problems
-whose rows are not multiples of 128 bytes, at their tuned tma configs and a second tile, and an
-aligned control (4096x4096x1024, nothing to pad: every arm is the plain tma kernel there but for
-the copies).
+(one launch, `matmul_tma_pad_kernel`: every program first copies its share of blocks of R x C
+elements, two blocks in flight, then waits at a grid-wide barrier before the tma tile loop);
+`padded-AB` (the GEMM on copies made once, untimed: what the copies could buy at most); `copy-B`
+(the pad kernel alone on B). Each arm's output is checked against the family's reference before it
+is timed. Shapes: the matmul problems whose rows are not multiples of 128 bytes, at their tuned tma
+configs and a second tile, and an aligned control (4096x4096x1024, nothing to pad: every arm is the
+plain tma kernel there but for the copies).
 """
 
 from __future__ import annotations
@@ -36,30 +36,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from tilepilot.kernels.matmul_pad_triton import BLOCK_C as PAD_BLOCK_C  # noqa: E402
+from tilepilot.kernels.matmul_pad_triton import BLOCK_R as PAD_BLOCK_R  # noqa: E402
+from tilepilot.kernels.matmul_pad_triton import ROW_BYTES, pad_rows_kernel  # noqa: E402
+from tilepilot.kernels.matmul_pad_triton import WARPS as PAD_WARPS  # noqa: E402
 from tilepilot.kernels.matmul_persistent_triton import _whole_waves  # noqa: E402
 from tilepilot.kernels.matmul_triton import aligned  # noqa: E402
-
-ROW_BYTES = 128  # the row pitch of the padded copies
-PAD_BLOCK_R, PAD_BLOCK_C, PAD_WARPS = 32, 256, 4
 
 # problem, tma configs (BLOCK_SIZE_M, N, K, warps, stages, EPILOGUE_SUBTILE)
 SHAPES = [((3000, 5000, 1000, "fp16"), [(128, 256, 64, 8, 3, True), (128, 256, 64, 8, 4, True)]),
           ((1000, 3000, 2000, "bf16"), [(128, 192, 64, 4, 4, False), (256, 128, 64, 8, 4, True)]),
           ((4096, 4096, 1024, "bf16"), [(128, 256, 64, 8, 4, True)])]
-
-
-@triton.jit
-def pad_rows_kernel(src_ptr, dst_ptr, rows, cols, ld, ALIGN: tl.constexpr, LD_ALIGN: tl.constexpr,
-                    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
-    """dst[r, c] = src[r, c] for the rows × cols of `src` (contiguous, `cols` a multiple of ALIGN)
-    into `dst`, whose rows are `ld` elements apart (a multiple of LD_ALIGN)."""
-    cols = aligned(cols, ALIGN)
-    ld = aligned(ld, LD_ALIGN)
-    r = tl.program_id(axis=0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    c = tl.program_id(axis=1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    mask = (r[:, None] < rows) & (c[None, :] < cols)
-    x = tl.load(src_ptr + r[:, None].to(tl.int64) * cols + c[None, :], mask=mask)
-    tl.store(dst_ptr + r[:, None].to(tl.int64) * ld + c[None, :], x, mask=mask)
 
 
 @triton.jit

@@ -18,7 +18,7 @@ GPU_BENCHMARKS = [
     ("record.py", ["--problems", "64x4096x4096:bf16"]), ("first_batch.py", []), ("load_probe.py", []),
     ("decode_probe.py", []), ("align_probe.py", []), ("cluster_probe.py", []), ("ctas_probe.py", []),
     ("hostdesc_probe.py", []), ("store_probe.py", []), ("ws_probe.py", []), ("remeasure_probe.py", []),
-    ("multicast_probe.py", []),
+    ("multicast_probe.py", []), ("pad_probe.py", []), ("group_probe.py", []),
 ]
 
 
