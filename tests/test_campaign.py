@@ -166,3 +166,4 @@ def test_valid_prunes_on_the_parameters_a_constraint_reads_and_keeps_the_order()
     assert space.valid(problem) == brute and 0 < len(brute) < space.size
     assert calls["tile"] == 4 * 3  # once per (BLOCK, num_warps), not once per config
     assert calls["split"] < space.size and calls["whole"] < space.size
+    assert SearchSpace(()).valid(problem) == list(SearchSpace(()))  # no parameters: the one empty config

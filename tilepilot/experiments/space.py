@@ -130,8 +130,9 @@ class SearchSpace:
                 walk(d + 1)
             del chosen[names[d]]
 
-        if names:
-            walk(0)
+        if not names:  # the one empty config
+            return [c for c in self if self.check(c, problem) is None]
+        walk(0)
         return out
 
     def narrowed(self, choices: Mapping[str, Sequence[object]]) -> SearchSpace:
