@@ -167,3 +167,4 @@ def test_valid_prunes_on_the_parameters_a_constraint_reads_and_keeps_the_order()
     assert calls["tile"] == 4 * 3  # once per (BLOCK, num_warps), not once per config
     assert calls["split"] < space.size and calls["whole"] < space.size
     assert SearchSpace(()).valid(problem) == list(SearchSpace(()))  # no parameters: the one empty config
+    assert SearchSpace((params[0], Param("none_left", ()))).valid(problem) == []

@@ -128,7 +128,7 @@ class SearchSpace:
                         out.append(config)
                         continue
                 walk(d + 1)
-            del chosen[names[d]]
+            chosen.pop(names[d], None)  # (a parameter may have no choices left: nothing is valid)
 
         if not names:  # the one empty config
             return [c for c in self if self.check(c, problem) is None]
