@@ -19,8 +19,9 @@ import triton.language as tl
 
 from tilepilot.kernels.matmul_triton import aligned
 
-ROW_BYTES = 128  # the row pitch of a padded copy is a multiple of this
-BLOCK_R, BLOCK_C, WARPS = 32, 256, 4  # bench/pad_probe.py: 32×256 and 64×256 blocks time alike
+ROW_BYTES = 128  # the row pitch of a padded copy is a multiple of this (matmul.PAD_ROW_BYTES)
+# bench/pad_probe.py: copying in blocks of 32×256, 64×256 or 128×256 elements timed alike (one-launch form)
+BLOCK_R, BLOCK_C, WARPS = 32, 256, 4
 
 
 @triton.jit
