@@ -104,13 +104,10 @@ def test_splitk_gives_the_same_bits_on_every_run(family: Any, config: Config) ->
     assert not outs[0].isnan().any()
 
 
-@pytest.mark.parametrize("config", [cfg("splitk", 64, 128, 64, split=4), cfg("tma"), cfg("persistent"),
-                                    cfg("splitk_fused", 64, 128, 64, split=4), cfg("tma_tail"), cfg("streamk"),
-                                    cfg("tma", 128, 192, 64, w=8)],
-                         ids=lambda c: str(c["VARIANT"]))
-def test_launch_allocates_nothing_and_is_captured_by_a_cuda_graph(family: Any, config: Config) -> None:
-    problem = prob(512, 1024, 2048, "bf16")
-    run, inputs, out = _built(family, problem, config)
+def _allocates_nothing_and_replays(family: Any, problem: Problem, run: Any, inputs: tuple[Any, ...],
+                                   out: Any) -> None:
+    """`run` allocates nothing once warm (its buffers were set aside when it was built), and a CUDA
+    graph that captured it writes the right result into `out` (NaN before the replay)."""
     run()
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
@@ -131,6 +128,16 @@ def test_launch_allocates_nothing_and_is_captured_by_a_cuda_graph(family: Any, c
     graph.replay()
     torch.cuda.synchronize()
     assert float((out.float() - ref).norm() / ref.norm()) < TOLERANCE["bf16"]
+
+
+@pytest.mark.parametrize("config", [cfg("splitk", 64, 128, 64, split=4), cfg("tma"), cfg("persistent"),
+                                    cfg("splitk_fused", 64, 128, 64, split=4), cfg("tma_tail"), cfg("streamk"),
+                                    cfg("tma", 128, 192, 64, w=8)],
+                         ids=lambda c: str(c["VARIANT"]))
+def test_launch_allocates_nothing_and_is_captured_by_a_cuda_graph(family: Any, config: Config) -> None:
+    problem = prob(512, 1024, 2048, "bf16")
+    run, inputs, out = _built(family, problem, config)
+    _allocates_nothing_and_replays(family, problem, run, inputs, out)
 
 
 def test_persistent_launch_is_one_program_per_sm(family: Any) -> None:
@@ -185,26 +192,7 @@ def test_padded_launch_sets_its_copies_aside_and_is_captured_by_a_cuda_graph(fam
     matmul._shared(matmul._PADDED, 64 << 20, "uint8", "cuda").fill_(255)  # NaN in every padding column
     run, inputs, out = _built(family, problem, config)
     before_inputs = [t.clone() for t in inputs]
-    run()
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    for _ in range(3):
-        run()
-    torch.cuda.synchronize()
-    assert torch.cuda.max_memory_allocated() == before
-    ref = family.reference(problem, inputs)
-    stream = torch.cuda.Stream()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream):
-        run()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            run()
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert float((out.float() - ref).norm() / ref.norm()) < TOLERANCE["bf16"]
+    _allocates_nothing_and_replays(family, problem, run, inputs, out)
     assert all(torch.equal(a, b) for a, b in zip(before_inputs, inputs, strict=True))
 
 
