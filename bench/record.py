@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import itertools
 import json
 import logging
@@ -217,6 +218,13 @@ def pad_grid(problem: Problem) -> list[Config]:
 GROUP_TABLE = Path(__file__).resolve().parent / "results" / "kernels-all-h100.json"
 
 
+@functools.cache
+def _tuned_in_table(path: Path) -> dict[str, dict[str, Any]]:
+    """Problem label -> the tuned matmul config of a bench/kernels.py run (read once)."""
+    return {r["label"]: r["arms"]["tuned"]["config"] for r in json.loads(path.read_text())["rows"]
+            if r["kernel"] == MATMUL and "tuned" in r["arms"]}
+
+
 def group_grid(problem: Problem) -> list[Config]:
     """The problem's tuned config in the table's run (GROUP_TABLE) at GROUP_SIZE_M 1, 4 and 16
     (`--group-only`, recorded apart, with its own cuBLAS times): the recorded grids fix the tile
@@ -224,9 +232,7 @@ def group_grid(problem: Problem) -> list[Config]:
     table lacks."""
     from tilepilot.kernels import get_family
 
-    tuned = {r["label"]: r["arms"]["tuned"]["config"] for r in json.loads(GROUP_TABLE.read_text())["rows"]
-             if r["kernel"] == MATMUL and "tuned" in r["arms"]}
-    config = tuned.get(problem.label())
+    config = _tuned_in_table(GROUP_TABLE).get(problem.label())
     if config is None:
         return []
     space = get_family(MATMUL).space()
