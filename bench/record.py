@@ -49,6 +49,9 @@ own dataset with its own cuBLAS times (data/replay/matmul-variants-wide-h100.jso
 pad (`--problems 3000x5000x1000:fp16,1000x3000x2000:bf16` among the recorded ones), shipped as its
 own dataset with its own cuBLAS times (data/replay/matmul-variants-pad-h100.jsonl.gz).
 
+`--tma-splitk-only` (matmul): VARIANT=tma_splitk alone (`tma_splitk_grid`), shipped as its own
+dataset with its own cuBLAS times (data/replay/matmul-variants-tmasplitk-h100.jsonl.gz).
+
 `--group-only` (matmul): the tuned config of each problem in the table's run
 (bench/results/kernels-all-h100.json) at GROUP_SIZE_M 1, 4 and 16 (`group_grid`; every other grid
 holds 8 alone), shipped as its own dataset with its own cuBLAS times
@@ -213,6 +216,17 @@ def pad_grid(problem: Problem) -> list[Config]:
     pads = [pad for pad in ("A", "B", "AB")
             if pad_rows_applies(space.parse({**base[0].as_dict(), "PAD_ROWS": pad}), problem) is None]
     return [Config.of({**c.as_dict(), "PAD_ROWS": pad}) for pad in pads for c in base]
+
+
+TMA_SPLITK_TILES = ((64, 128, 4), (64, 256, 4), (128, 128, 8), (128, 256, 8))
+
+
+def tma_splitk_grid(problem: Problem) -> list[Config]:
+    """VARIANT=tma_splitk (`--tma-splitk-only`, recorded apart, with its own cuBLAS times):
+    TMA_SPLITK_TILES × BLOCK_SIZE_K {64,128} × stages {3,4} × SPLIT_K {2,4,8} (48; the workspace cap
+    refuses it on the largest outputs, and a split left without K-blocks on the short K)."""
+    return [tile_config(bm, bn, bk, w, s, VARIANT="tma_splitk", SPLIT_K=k)
+            for (bm, bn, w), bk, s, k in itertools.product(TMA_SPLITK_TILES, [64, 128], [3, 4], [2, 4, 8])]
 
 
 GROUP_TABLE = Path(__file__).resolve().parent / "results" / "kernels-all-h100.json"
@@ -395,6 +409,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
             return pad_grid(p)
         if args.group_only:
             return group_grid(p)
+        if args.tma_splitk_only:
+            return tma_splitk_grid(p)
         return variants_grid(p) if args.variants else configs_all
 
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
@@ -641,6 +657,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-only", action="store_true",
                    help="matmul: record only the table's tuned configs at GROUP_SIZE_M 1, 4, 16 (group_grid), e.g. "
                         "--out data/replay/matmul-variants-group-h100.jsonl")
+    p.add_argument("--tma-splitk-only", action="store_true",
+                   help="matmul: record only VARIANT=tma_splitk (tma_splitk_grid), e.g. "
+                        "--out data/replay/matmul-variants-tmasplitk-h100.jsonl")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)

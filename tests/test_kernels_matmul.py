@@ -53,10 +53,10 @@ def test_space_has_the_tutorial_parameters_and_the_variant_ones() -> None:
                            "num_stages", "VARIANT", "SPLIT_K", "ALIGN_HINT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE",
                            "PAD_ROWS")
     assert space.param("VARIANT").choices == ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail",
-                                              "streamk")
+                                              "streamk", "tma_splitk")
     assert space.param("BLOCK_SIZE_N").choices == (16, 32, 64, 128, 160, 192, 256)
     assert space.param("PAD_ROWS").choices == ("none", "A", "B", "AB")
-    assert space.size == 5 * 7 * 5 * 4 * 3 * 4 * 7 * 5 * 2 * 2 * 2 * 4
+    assert space.size == 5 * 7 * 5 * 4 * 3 * 4 * 8 * 5 * 2 * 2 * 2 * 4
 
 
 def test_shared_memory_constraint_names_the_need_and_the_limit() -> None:
@@ -143,9 +143,9 @@ def test_faults_family_extends_the_space_with_fault() -> None:
 
 # ---- variants ---------------------------------------------------------------------------------------
 def variant(v: str = "grouped", split: int = 1, hint: bool = False, EPILOGUE_SUBTILE: bool = False,
-            WARP_SPECIALIZE: bool = False, **tile: int) -> Config:
+            WARP_SPECIALIZE: bool = False, PAD_ROWS: str = "none", **tile: int) -> Config:
     return Config.of({**config(**tile).as_dict(), "VARIANT": v, "SPLIT_K": split, "ALIGN_HINT": hint,
-                      "EPILOGUE_SUBTILE": EPILOGUE_SUBTILE, "WARP_SPECIALIZE": WARP_SPECIALIZE, "PAD_ROWS": "none"})
+                      "EPILOGUE_SUBTILE": EPILOGUE_SUBTILE, "WARP_SPECIALIZE": WARP_SPECIALIZE, "PAD_ROWS": PAD_ROWS})
 
 
 def test_config_recorded_before_the_variants_parses_as_the_grouped_kernel() -> None:
@@ -155,7 +155,7 @@ def test_config_recorded_before_the_variants_parses_as_the_grouped_kernel() -> N
                                                          "WARP_SPECIALIZE", "PAD_ROWS"]
     assert FAMILY.space().parse(variant("splitk", 4).as_dict())["SPLIT_K"] == 4
     with pytest.raises(InputError, match=r"VARIANT='cutlass' is not one of \{grouped, splitk, persistent, tma, "
-                                         r"splitk_fused, tma_tail, streamk\}"):
+                                         r"splitk_fused, tma_tail, streamk, tma_splitk\}"):
         FAMILY.space().parse({**old, "VARIANT": "cutlass"})
     with pytest.raises(InputError, match="missing BLOCK_SIZE_M"):  # a parameter without a default stays required
         FAMILY.space().parse({k: v for k, v in old.items() if k != "BLOCK_SIZE_M"})
@@ -198,11 +198,26 @@ def test_a_config_without_variant_parameters_is_checked_as_the_grouped_kernel() 
      "VARIANT=tma needs 327680 B of shared memory for its 3-stage A and B tiles and the C tile it stores"),
     (variant("tma", bm=256, bn=256, bk=64, s=3, EPILOGUE_SUBTILE=True), problem(),
      "VARIANT=tma needs 262144 B of shared memory"),  # half the C tile
+    (variant("tma_splitk", 1), problem(), "VARIANT=tma_splitk needs SPLIT_K of 2 or more"),
+    (variant("tma_splitk", 2), problem(1500, 1500, 1500, "fp16"), "VARIANT=tma_splitk needs rows of a multiple of 16"),
+    (variant("tma_splitk", 2, hint=True), problem(3000, 5000, 1000, "fp16"),
+     "ALIGN_HINT=True is for pointer loads; VARIANT=tma_splitk loads through tensor descriptors"),
+    (variant("tma_splitk", 2, EPILOGUE_SUBTILE=True), problem(), "EPILOGUE_SUBTILE=True is only for VARIANT=tma or "
+                                                                 "tma_tail or streamk"),
+    (variant("tma_splitk", 2, PAD_ROWS="B"), problem(3000, 5000, 1000, "fp16"),
+     "PAD_ROWS=B is only for VARIANT=tma or tma_tail or streamk"),
+    (variant("tma_splitk", 2, bn=192), problem(), "BLOCK_SIZE_N=192 (not a power of two) is only for VARIANT=tma"),
+    (variant("tma_splitk", 8, bm=128, bn=128, bk=128), problem(1024, 1024, 512),
+     "SPLIT_K=8 leaves a split without work: K=512 is 4 block(s) of BLOCK_SIZE_K=128"),
+    (variant("tma_splitk", 8, bk=64), problem(8192, 8192, 8192),
+     "SPLIT_K=8 needs a 2048 MiB fp32 workspace (SPLIT_K × M×N), more than 1024 MiB"),
+    (variant("tma_splitk", 2, bm=256, bn=256, bk=128, s=2), problem(),
+     "the 2-stage pipeline needs 262144 B of shared memory"),
     (variant("splitk_fused", 1), problem(), "VARIANT=splitk_fused needs SPLIT_K of 2 or more"),
-    (variant("tma_tail", 2), problem(), "SPLIT_K=2 is only for VARIANT=splitk or splitk_fused"),
+    (variant("tma_tail", 2), problem(), "SPLIT_K=2 is only for VARIANT=splitk or splitk_fused or tma_splitk"),
     (variant("tma_tail", hint=True), problem(3000, 5000, 1000, "fp16"),
      "ALIGN_HINT=True is for pointer loads; VARIANT=tma_tail loads through tensor descriptors"),
-    (variant("streamk", 4), problem(), "SPLIT_K=4 is only for VARIANT=splitk or splitk_fused"),
+    (variant("streamk", 4), problem(), "SPLIT_K=4 is only for VARIANT=splitk or splitk_fused or tma_splitk"),
     (variant("streamk", hint=True), problem(3000, 5000, 1000, "fp16"),
      "ALIGN_HINT=True is for pointer loads; VARIANT=streamk loads through tensor descriptors"),
     (variant("streamk"), problem(1500, 1500, 1500, "fp16"), "VARIANT=streamk needs rows of a multiple of 16"),
@@ -230,11 +245,11 @@ def test_workspace_of_exactly_the_cap_is_allowed() -> None:
 def test_every_variant_has_valid_configs_on_the_issue_shapes() -> None:
     space = FAMILY.space().narrowed({"BLOCK_SIZE_M": [64, 128], "BLOCK_SIZE_N": [64, 128], "BLOCK_SIZE_K": [64],
                                      "GROUP_SIZE_M": [8], "num_warps": [4], "num_stages": [3]})
-    every = {"grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail", "streamk"}
+    every = {"grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail", "streamk", "tma_splitk"}
     for prob, variants in ((problem(3000, 5000, 1000, "fp16"), every),
                            (problem(1500, 1500, 1500, "fp16"), {"grouped", "splitk", "persistent", "splitk_fused"}),
                            (problem(1, 4096, 4096), every),
-                           (problem(16384, 16384, 256), every - {"splitk", "splitk_fused"})):  # 2 GiB workspaces
+                           (problem(16384, 16384, 256), every - {"splitk", "splitk_fused", "tma_splitk"})):  # 2 GiB
         valid = space.valid(prob)
         assert {c["VARIANT"] for c in valid} == variants, prob.label()
         hinted = {c["ALIGN_HINT"] for c in valid}

@@ -5,7 +5,8 @@ timed closure, which CUDA graphs can capture; a persistent launch of one program
 variant kernels compiled ahead of time being the kernels the JIT builds; ALIGN_HINT making
 the unaligned 3000×5000×1000 fp16 problem several times faster; and PAD_ROWS: correct, its copies
 made in buffers set aside when the launch is built (NaN in their padding columns changes nothing),
-captured by CUDA graphs, and faster than the tma kernel on the operands as they are there."""
+captured by CUDA graphs, and faster than the tma kernel on the operands as they are there; split-K
+on tensor descriptors (tma_splitk) faster than tma_tail's last-arriver sum on a long K."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ VARIANT_CONFIGS = [
     cfg("splitk_fused", 64, 128, 64, split=2), cfg("tma_tail"), cfg("tma_tail", 128, 256, 64, w=8, subtile=True),
     cfg("streamk"), cfg("streamk", 256, 128, 64, w=8, subtile=True), cfg("tma", 128, 192, 64, w=8),
     cfg("tma", 256, 160, 32, w=8, s=4), cfg("tma", pad="B"), cfg("tma", 128, 256, 64, w=8, subtile=True, pad="AB"),
-    cfg("tma_tail", pad="A"), cfg("streamk", pad="AB"), cfg("tma", 128, 192, 64, w=8, pad="B")]
+    cfg("tma_tail", pad="A"), cfg("streamk", pad="AB"), cfg("tma", 128, 192, 64, w=8, pad="B"),
+    cfg("tma_splitk", 128, 256, 64, w=8, s=4, split=4), cfg("tma_splitk", 64, 128, 128, s=4, split=2)]
 PROBLEMS = [prob(33, 47, 65, "fp16"), prob(33, 40, 72, "bf16"), prob(1, 4096, 4096, "bf16"),
             prob(3000, 5000, 1000, "fp16"), prob(1000, 3000, 2000, "bf16"), prob(1500, 1500, 1500, "fp16"),
             prob(16384, 16384, 256, "bf16")]
@@ -87,7 +89,8 @@ def _built(family: Any, problem: Problem, config: Config) -> tuple[Any, tuple[An
 @pytest.mark.parametrize("config", [cfg("splitk", 64, 128, 64, split=4, hint=True),
                                     cfg("splitk_fused", 64, 128, 64, split=4, hint=True),
                                     cfg("splitk_fused", 16, 64, 64, split=16, hint=True), cfg("tma_tail"),
-                                    cfg("streamk"), cfg("streamk", 256, 128, 64, w=8)],
+                                    cfg("streamk"), cfg("streamk", 256, 128, 64, w=8),
+                                    cfg("tma_splitk", 128, 256, 64, w=8, split=4)],
                          ids=lambda c: f"{c['VARIANT']}-{c['SPLIT_K']}-{c['BLOCK_SIZE_M']}")
 def test_splitk_gives_the_same_bits_on_every_run(family: Any, config: Config) -> None:
     # 192 tiles of 128×128: tma_tail splits the last 60 in two, streamk cuts their 1920 K-blocks into
@@ -132,7 +135,7 @@ def _allocates_nothing_and_replays(family: Any, problem: Problem, run: Any, inpu
 
 @pytest.mark.parametrize("config", [cfg("splitk", 64, 128, 64, split=4), cfg("tma"), cfg("persistent"),
                                     cfg("splitk_fused", 64, 128, 64, split=4), cfg("tma_tail"), cfg("streamk"),
-                                    cfg("tma", 128, 192, 64, w=8)],
+                                    cfg("tma", 128, 192, 64, w=8), cfg("tma_splitk", 128, 128, 64, w=8, split=2)],
                          ids=lambda c: str(c["VARIANT"]))
 def test_launch_allocates_nothing_and_is_captured_by_a_cuda_graph(family: Any, config: Config) -> None:
     problem = prob(512, 1024, 2048, "bf16")
@@ -149,7 +152,8 @@ def test_persistent_launch_is_one_program_per_sm(family: Any) -> None:
 
 @pytest.mark.parametrize("config", [cfg("persistent", hint=True), cfg("splitk", 64, 64, 64, split=2, hint=True),
                                     cfg("tma"), cfg("splitk_fused", 64, 64, 64, split=2, hint=True),
-                                    cfg("tma_tail", subtile=True), cfg("streamk"), cfg("tma", 128, 192, 64, w=8)],
+                                    cfg("tma_tail", subtile=True), cfg("streamk"), cfg("tma", 128, 192, 64, w=8),
+                                    cfg("tma_splitk", 128, 256, 64, w=8, split=4)],
                          ids=lambda c: f"{c['VARIANT']}-{c['BLOCK_SIZE_N']}")
 def test_aot_variant_kernel_is_the_kernel_the_jit_builds(family: Any, config: Config) -> None:
     import triton
@@ -205,3 +209,16 @@ def test_padding_b_makes_the_unaligned_problem_faster(evaluator: Any, record_pro
     record_property("plain_ms", plain.median_ms)
     record_property("padded_ms", padded.median_ms)
     assert padded.median_ms < 0.95 * plain.median_ms, (plain.median_ms, padded.median_ms)
+
+
+def test_split_k_on_descriptors_beats_the_last_arrivers_sum_on_a_long_k(evaluator: Any, record_property: Any) -> None:
+    # 32 tiles of 128×256, K=16384: tma_tail splits each in 4 and the last of the 4 to arrive sums the
+    # partials alone; tma_splitk's reduction is a launch over every SM. bench/results/tma-splitk-probe-h100.json:
+    # 0.0716 against 0.0594 ms
+    problem = prob(1024, 1024, 16384, "bf16")
+    tail, split = evaluator.evaluate("matmul", problem, [cfg("tma_tail", 128, 256, 64, w=8, s=4),
+                                                         cfg("tma_splitk", 128, 256, 64, w=8, s=4, split=4)])
+    assert tail.status is Status.OK and split.status is Status.OK, (tail.message, split.message)
+    record_property("tma_tail_ms", tail.median_ms)
+    record_property("tma_splitk_ms", split.median_ms)
+    assert split.median_ms < 0.92 * tail.median_ms, (tail.median_ms, split.median_ms)

@@ -35,9 +35,11 @@ def config(variant: str = "tma", pad: str = "B", **more: Any) -> Config:
 
 @pytest.mark.parametrize(("cfg", "prob", "message"), [
     (config("grouped"), problem(3000, 5000, 1000),
-     "PAD_ROWS=B is only for VARIANT=tma or tma_tail or streamk, which load through tensor descriptors"),
+     "PAD_ROWS=B is only for VARIANT=tma or tma_tail or streamk, the persistent kernels that load through tensor "
+     "descriptors"),
     (config("splitk_fused", "A", SPLIT_K=2), problem(3000, 5000, 1000),
-     "PAD_ROWS=A is only for VARIANT=tma or tma_tail or streamk, which load through tensor descriptors"),
+     "PAD_ROWS=A is only for VARIANT=tma or tma_tail or streamk, the persistent kernels that load through tensor "
+     "descriptors"),
     (config("tma", "B"), problem(4096, 4096, 1000),
      "PAD_ROWS=B has nothing to pad in B: its rows of N=4096 fp16 elements are 8192 bytes, a multiple of 128"),
     (config("streamk", "AB"), problem(3000, 5000, 1024, "bf16"),

@@ -1,15 +1,16 @@
-"""The matmul variants (grouped, splitk, persistent, tma, splitk_fused, tma_tail, streamk; ALIGN_HINT)
-without a GPU.
+"""The matmul variants (grouped, splitk, persistent, tma, splitk_fused, tma_tail, streamk, tma_splitk;
+ALIGN_HINT) without a GPU.
 
-Under the Triton interpreter, in a child process (TRITON_INTERPRET=1 is set by the Evaluator
-before any kernel is imported; fp16 only): every variant is correct on ragged shapes, M=1 and
-an unaligned K included, through the Evaluator (outputs poisoned with NaN before each checked
-launch); a planted wrong output is `wrong_result` for every variant; an invalid variant config is
-never launched; the persistent kernels run with fewer programs than tiles, so each loops; split-K
-and stream-K give the same bits on every run. In a child with no GPU: every variant compiles ahead of
-time for sm_90 (split-K with its reduction), TMA becomes bulk tensor copies, ALIGN_HINT turns the
-element-wise loads of an unaligned problem into 16-byte asynchronous copies, and TMA for a
-pre-Hopper target is a `compile_error` that says why. bf16 and the timings: tests/test_kernels_matmul_gpu.py.
+Under the Triton interpreter, in a child process (TRITON_INTERPRET=1 is set by the Evaluator before
+any kernel is imported; fp16 only): every variant is correct on ragged shapes, M=1 and an unaligned
+K included, through the Evaluator (outputs poisoned with NaN before each checked launch); a planted
+wrong output is `wrong_result` for every variant; an invalid variant config is never launched; the
+persistent kernels run with fewer programs than tiles, so each loops; split-K and stream-K (and
+split-K on descriptors) give the same bits on every run. In a child with no GPU: every variant
+compiles ahead of time for sm_90 (split-K with its reduction), TMA becomes bulk tensor copies,
+ALIGN_HINT turns the element-wise loads of an unaligned problem into 16-byte asynchronous copies,
+and TMA for a pre-Hopper target is a `compile_error` that says why. bf16 and the timings:
+tests/test_kernels_matmul_gpu.py.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ SMALL = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 16, "GROUP_SIZE
 VARIANTS = [  # (VARIANT, SPLIT_K, ALIGN_HINT)
     ("grouped", 1, False), ("grouped", 1, True), ("splitk", 2, False), ("splitk", 4, True),
     ("persistent", 1, False), ("persistent", 1, True), ("tma", 1, False), ("splitk_fused", 2, False),
-    ("splitk_fused", 4, True), ("tma_tail", 1, False), ("streamk", 1, False)]
+    ("splitk_fused", 4, True), ("tma_tail", 1, False), ("streamk", 1, False), ("tma_splitk", 2, False),
+    ("tma_splitk", 3, False)]
 # ragged: M=1; K=72 and N=40 even but no multiple of 16 (ALIGN 8); K=100 (ALIGN 4) with N=48;
 # everything odd (no hint possible, no TMA); 4 tiles on 3 programs, so tma_tail and streamk split the
 # last tile in 3; one tile of 10 K-blocks on 3 programs, so streamk splits it in 4, 4 and 2; 5 tiles of 3
@@ -85,7 +87,7 @@ for raw in raws:
                                                            if r.status.value == "ok"])
     inputs = family.make_inputs(p, 7, "cpu")
     same_bits = {}
-    for v, s in (("splitk", 2), ("streamk", 1)):
+    for v, s in (("splitk", 2), ("streamk", 1), ("tma_splitk", 3)):
         c = Config.of({**small, "VARIANT": v, "SPLIT_K": s})
         if family.space().check(c, p) is not None:
             continue
@@ -161,8 +163,9 @@ def test_persistent_kernels_loop_with_fewer_programs_than_tiles(interpreted: lis
 
 def test_split_reductions_give_the_same_bits_on_every_run(interpreted: list[dict[str, Any]]) -> None:
     assert all(p["same_bits"]["splitk"] for p in interpreted[:-1])
-    streamk = [p["same_bits"]["streamk"] for p in interpreted[:-1] if "streamk" in p["same_bits"]]
-    assert len(streamk) >= 3 and all(streamk)
+    for v in ("streamk", "tma_splitk"):
+        runs = [p["same_bits"][v] for p in interpreted[:-1] if v in p["same_bits"]]
+        assert len(runs) >= 3 and all(runs), v
 
 
 def test_tma_epilogue_in_two_halves_is_correct_where_tma_runs(interpreted: list[dict[str, Any]]) -> None:
@@ -227,6 +230,7 @@ from tilepilot.kernels.evaluate import compile_config
 family = get_family("matmul")
 base = json.loads(sys.argv[1])
 out = {"compile": [], "ptx": {}}
+OP = r"^\\s*(?:@%p\\d+\\s+)?((?:ld|st|cp|wgmma)\\.[\\w:.]+)"
 for raw, variant, split, hint, *wide in json.loads(sys.argv[2]):
     p = family.parse_problem(raw)
     c = Config.of({**base, "VARIANT": variant, "SPLIT_K": split, "ALIGN_HINT": hint,
@@ -236,10 +240,13 @@ for raw, variant, split, hint, *wide in json.loads(sys.argv[2]):
     if o.status.value == "ok":
         k = family.compile(p, c, Target())
         ops = {}
+        label = f"{p.label()} {variant} {split} {hint}" + (f" N{wide[0]}" if wide else "")
         for ptx in [k.asm["ptx"]] + ([k.reduce.asm["ptx"]] if variant == "splitk" else []):
-            for m in re.finditer(r"^\\s*(?:@%p\\d+\\s+)?((?:ld|st|cp|wgmma)\\.[\\w:.]+)", ptx, re.M):
+            for m in re.finditer(OP, ptx, re.M):
                 ops[m.group(1)] = ops.get(m.group(1), 0) + 1
-        out["ptx"][f"{p.label()} {variant} {split} {hint}" + (f" N{wide[0]}" if wide else "")] = ops
+        out["ptx"][label] = ops
+        if variant == "tma_splitk":
+            out["ptx"][label + " reduce"] = {m.group(1): 1 for m in re.finditer(OP, k.reduce.asm["ptx"], re.M)}
 o = compile_config("matmul", family.parse_problem(json.loads(sys.argv[2])[0][0]),
                    Config.of({**base, "VARIANT": "tma"}), Target(arch=80, max_shared_bytes=166912))
 out["tma_sm80"] = [o.status.value, o.message]
@@ -254,7 +261,8 @@ COMPILE_JOBS = [[UNALIGNED, "grouped", 1, False], [UNALIGNED, "grouped", 1, True
                 [UNALIGNED, "persistent", 1, True], [UNALIGNED, "tma", 1, False], [ALIGNED, "splitk", 4, False],
                 [ALIGNED, "persistent", 1, False], [ALIGNED, "tma", 1, False], [UNALIGNED, "splitk_fused", 4, True],
                 [ALIGNED, "splitk_fused", 2, False], [UNALIGNED, "tma_tail", 1, False], [ALIGNED, "tma_tail", 1, False],
-                [ALIGNED, "streamk", 1, False], [UNALIGNED, "tma", 1, False, 192]]
+                [ALIGNED, "streamk", 1, False], [UNALIGNED, "tma", 1, False, 192], [ALIGNED, "tma_splitk", 4, False],
+                [UNALIGNED, "tma_splitk", 2, False]]
 
 
 @pytest.fixture(scope="module")
@@ -306,6 +314,19 @@ def test_fused_reductions_take_a_ticket_and_read_the_partials_past_l1(compiled: 
 def test_splitk_compiles_its_reduction_too(compiled: dict[str, Any]) -> None:
     ops = compiled["ptx"]["M=4096 N=4096 K=4096 bf16 splitk 4 False"]
     assert any(op.startswith("ld.global.v4") for op in ops)  # the reduction reads the fp32 partials as vectors
+    for label in ("M=4096 N=4096 K=4096 bf16 tma_splitk 4 False", "M=3000 N=5000 K=1000 fp16 tma_splitk 2 False"):
+        ops = compiled["ptx"][f"{label} reduce"]
+        assert any(op.startswith("ld.global.v4") for op in ops), (label, ops)
+
+
+def test_tma_splitk_loads_through_bulk_tensor_copies_and_stores_fp32_partials(compiled: dict[str, Any]) -> None:
+    for label in ("M=4096 N=4096 K=4096 bf16 tma_splitk 4 False", "M=3000 N=5000 K=1000 fp16 tma_splitk 2 False"):
+        ops = compiled["ptx"][label]
+        assert any(op.startswith("cp.async.bulk.tensor") for op in ops), (label, ops)
+        assert any(op.startswith("wgmma.mma_async") for op in ops), (label, ops)
+        assert not any(op.startswith("ld.global") for op in ops), (label, ops)  # A and B only through TMA
+        assert any(op.startswith("st.global.cg") for op in ops), (label, ops)  # the partials, past L1
+        assert not any(op.startswith("cp.async.bulk.global") for op in ops), (label, ops)  # no C descriptor
 
 
 def test_tma_for_a_pre_hopper_target_is_a_compile_error_that_says_why(compiled: dict[str, Any]) -> None:

@@ -25,14 +25,19 @@ stages) plus the kernel variant and its own parameters:
     its tiles' K-blocks cut into one equal, contiguous range per SM, a tile shared by two programs
     summed in a fixed order (deterministic, as splitk_fused), so no SM waits out a partial wave,
     however few the tiles (matmul_persistent_triton.py);
-- SPLIT_K (default 1): the number of K ranges, 2 or more for VARIANT=splitk or splitk_fused and 1
-  otherwise (tma_tail derives its own split from the tile count);
+  - "tma_splitk": split-K with the tma kernel's loads: one program per output tile and K range
+    (grid: tiles × SPLIT_K) loading through tensor descriptors, its fp32 partial stored through
+    pointers, then splitk's reduction launch (deterministic); for few tiles and a long K, where on
+    the H100 it takes 1024×1024×16384 bf16 from 0.0621 (splitk, pointer loads) to 0.0594 ms at
+    128×256×64 tiles, SPLIT_K=4 (bench/results/tma-splitk-probe-h100.json; cuBLAS 0.0572);
+- SPLIT_K (default 1): the number of K ranges, 2 or more for VARIANT=splitk, splitk_fused or
+  tma_splitk and 1 otherwise (tma_tail derives its own split from the tile count);
 - EPILOGUE_SUBTILE (default False): tma, tma_tail and streamk store C in two halves, so the tile
   staged in shared memory for the store is half as large (Triton's 09-persistent-matmul tutorial);
 - WARP_SPECIALIZE (default False): tma's tile loop with `tl.range(..., warp_specialize=True)`
   (separate load and MMA warps); where the installed Triton cannot do that for the target the
   config is a `compile_error` with Triton's reason;
-- PAD_ROWS (default "none"; "A", "B" or "AB"): for the tensor-descriptor variants, copy the
+- PAD_ROWS (default "none"; "A", "B" or "AB"): for tma, tma_tail and streamk, copy the
   operands named into a buffer whose rows are padded to a multiple of 128 bytes (a Triton kernel
   launched before the GEMM, matmul_pad_triton.py), and load them from there. TMA loads rows that
   start off a 128-byte boundary at a cost: on the H100 the tma kernel takes 3000×5000×1000 fp16
@@ -93,9 +98,11 @@ PARAMS = (
     Param("num_stages", (2, 3, 4, 5)),
 )
 TILE_PARAMS = tuple(p.name for p in PARAMS)
-VARIANTS = ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail", "streamk")
-SPLIT_VARIANTS = ("splitk", "splitk_fused")  # those that take SPLIT_K
-TMA_VARIANTS = ("tma", "tma_tail", "streamk")  # those that load through tensor descriptors
+VARIANTS = ("grouped", "splitk", "persistent", "tma", "splitk_fused", "tma_tail", "streamk", "tma_splitk")
+SPLIT_VARIANTS = ("splitk", "splitk_fused", "tma_splitk")  # those that take SPLIT_K
+TMA_VARIANTS = ("tma", "tma_tail", "streamk")  # those that load A and B and store C through tensor descriptors
+DESCRIPTOR_LOADS = (*TMA_VARIANTS, "tma_splitk")  # those that load A and B through tensor descriptors
+M_N_WORKSPACE = ("splitk", "tma_splitk")  # split-K whose partials are SPLIT_K × M×N floats, reduced by a launch
 VARIANT_PARAMS = (
     Param("VARIANT", VARIANTS, default="grouped"),
     Param("SPLIT_K", (1, 2, 4, 8, 16), default=1),
@@ -177,7 +184,7 @@ def align_hint_applies(config: Config, problem: Problem) -> str | None:
     """ALIGN_HINT must say something Triton does not know, to a kernel that loads through pointers."""
     if not setting(config, "ALIGN_HINT"):
         return None
-    if setting(config, "VARIANT") in TMA_VARIANTS:
+    if setting(config, "VARIANT") in DESCRIPTOR_LOADS:
         return (f"ALIGN_HINT=True is for pointer loads; VARIANT={setting(config, 'VARIANT')} loads through "
                 "tensor descriptors")
     if alignments(problem, config) == (1, 1):
@@ -200,16 +207,17 @@ def splitk_fits(config: Config, problem: Problem) -> str | None:
                 f"BLOCK_SIZE_K={bk}")
     need = split * workspace_elements(problem, config) * 4
     if need > MAX_WORKSPACE_BYTES:
-        shape = "M×N" if setting(config, "VARIANT") == "splitk" else "the tiles"
+        shape = "M×N" if setting(config, "VARIANT") in M_N_WORKSPACE else "the tiles"
         return (f"SPLIT_K={split} needs a {need / 2**20:.0f} MiB fp32 workspace (SPLIT_K × {shape}), more than "
                 f"{MAX_WORKSPACE_BYTES // 2**20} MiB")
     return None
 
 
 def workspace_elements(problem: Problem, config: Config) -> int:
-    """fp32 elements of one split's partials: M×N (splitk), whole output tiles (splitk_fused)."""
+    """fp32 elements of one split's partials: M×N (splitk, tma_splitk), whole output tiles
+    (splitk_fused)."""
     m, n, _ = dims(problem)
-    if setting(config, "VARIANT") == "splitk":
+    if setting(config, "VARIANT") in M_N_WORKSPACE:
         return m * n
     bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
     return -(-m // bm) * -(-n // bn) * bm * bn
@@ -218,9 +226,9 @@ def workspace_elements(problem: Problem, config: Config) -> int:
 @reads("VARIANT", "BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_stages", "EPILOGUE_SUBTILE")
 def tma_fits(config: Config, problem: Problem) -> str | None:
     """TMA needs 16-byte aligned row strides; the stored C tile (half of it with EPILOGUE_SUBTILE)
-    is staged in shared memory too."""
+    is staged in shared memory too, where C leaves through a descriptor (not tma_splitk's partials)."""
     variant = setting(config, "VARIANT")
-    if variant not in TMA_VARIANTS:
+    if variant not in DESCRIPTOR_LOADS:
         return None
     _, n, k = dims(problem)
     dtype = str(problem["dtype"])
@@ -229,6 +237,8 @@ def tma_fits(config: Config, problem: Problem) -> str | None:
     if bad:
         return (f"VARIANT={variant} needs rows of a multiple of {VECTOR_BYTES} bytes: {dtype} rows of "
                 f"{' and '.join(bad)} elements are not")
+    if variant not in TMA_VARIANTS:
+        return None  # the pipeline alone: shared_memory_fits
     c_tile = int(config["BLOCK_SIZE_M"]) * int(config["BLOCK_SIZE_N"]) * size
     need = pipelined_shared_bytes(config, problem) + (c_tile // 2 if setting(config, "EPILOGUE_SUBTILE") else c_tile)
     if need > H100_SHARED_BYTES:
@@ -251,15 +261,16 @@ def row_cols(problem: Problem, operand: str) -> int:
 
 @reads("PAD_ROWS", "VARIANT")
 def pad_rows_applies(config: Config, problem: Problem) -> str | None:
-    """PAD_ROWS is for the tensor-descriptor variants (the others load rows through pointers), and
-    only for operands whose rows are not a multiple of 128 bytes already."""
+    """PAD_ROWS is for the persistent tensor-descriptor variants (the others load rows through
+    pointers; tma_splitk's launch holds its reduction already), and only for operands whose rows are
+    not a multiple of 128 bytes already."""
     pads = padded(config)
     if not pads:
         return None
     variant = setting(config, "VARIANT")
     if variant not in TMA_VARIANTS:
         return (f"PAD_ROWS={setting(config, 'PAD_ROWS')} is only for VARIANT={' or '.join(TMA_VARIANTS)}, "
-                "which load through tensor descriptors")
+                "the persistent kernels that load through tensor descriptors")
     size = DTYPE_BYTES[str(problem["dtype"])]
     for operand in pads:
         cols = row_cols(problem, operand)
@@ -323,10 +334,13 @@ def descriptor_blocks(config: Config) -> dict[str, tuple[str, tuple[int, int]]]:
     """The tensor descriptor arguments of a tma-family kernel: name -> (operand "a", "b" or "c",
     block shape). C's block is half a tile wide with EPILOGUE_SUBTILE; a tile BLOCK_SIZE_N wide that
     is not a power of two has B and C descriptors for each of its two column blocks. {} for the
-    variants that load through pointers."""
-    if setting(config, "VARIANT") not in TMA_VARIANTS:
+    variants that load through pointers; A's and B's alone for tma_splitk, which stores its partials
+    through pointers."""
+    if setting(config, "VARIANT") not in DESCRIPTOR_LOADS:
         return {}
     bm, bn, bk = (int(config[name]) for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"))
+    if setting(config, "VARIANT") == "tma_splitk":
+        return {"a_desc": ("a", (bm, bk)), "b_desc": ("b", (bk, bn))}
     n1 = wide_split(bn)
     if n1:
         return {"a_desc": ("a", (bm, bk)), "b0_desc": ("b", (bk, bn - n1)), "b1_desc": ("b", (bk, n1)),
@@ -344,7 +358,8 @@ class MatmulFamily(KernelFamily):
     baseline_name: ClassVar[str] = "cuBLAS (torch.matmul)"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = ("C = A @ B, bf16/fp16 in and out, fp32 accumulation (Triton GEMM tutorial; "
-                                  "variants grouped, splitk, persistent, tma, splitk_fused, tma_tail, streamk)")
+                                  "variants grouped, splitk, persistent, tma, splitk_fused, tma_tail, streamk, "
+                                  "tma_splitk)")
     dtypes: ClassVar[tuple[str, ...]] = DTYPES
     l2_flush: ClassVar[bool] = True
 
@@ -386,7 +401,7 @@ class MatmulFamily(KernelFamily):
         from tilepilot.kernels.compile import Descriptor, Pointer, aot_compile
 
         variant = setting(config, "VARIANT")
-        if variant in TMA_VARIANTS:
+        if variant in DESCRIPTOR_LOADS:
             _require_tma(target)
         fn, ints, constexprs = _kernel(problem, config)
         dtype = str(problem["dtype"])
@@ -402,7 +417,7 @@ class MatmulFamily(KernelFamily):
                                                               _pad_constexprs(problem, operand), target,
                                                               num_warps=matmul_pad_triton.WARPS, num_stages=1)
                                          for operand in padded(config)})
-        if variant != "splitk":
+        if variant not in M_N_WORKSPACE:
             return main
         m, n, _ = dims(problem)
         reduce = aot_compile(matmul_splitk_triton.splitk_reduce_kernel,
@@ -446,7 +461,7 @@ class MatmulFamily(KernelFamily):
         a, b = inputs
         _check_operands(problem, a, b, out)
         variant = setting(config, "VARIANT")
-        if variant == "splitk":
+        if variant in M_N_WORKSPACE:
             return _splitk_launcher(problem, config, a, b, out, compiled)
         fn, ints, constexprs = _kernel(problem, config)
         m, n, _ = dims(problem)
@@ -557,6 +572,9 @@ def _kernel(problem: Problem, config: Config) -> tuple[Any, dict[str, int], dict
         return matmul_persistent_triton.matmul_tma_tail_kernel, mnk, {**constexprs, "EPILOGUE_SUBTILE": subtile}
     if variant == "streamk":
         return matmul_persistent_triton.matmul_tma_streamk_kernel, mnk, {**constexprs, "EPILOGUE_SUBTILE": subtile}
+    if variant == "tma_splitk":
+        return (matmul_persistent_triton.matmul_tma_splitk_kernel, mnk,
+                {**constexprs, "SPLIT_K": int(setting(config, "SPLIT_K"))})
     if variant == "splitk_fused":
         return (matmul_splitk_fused_triton.matmul_splitk_fused_kernel, ints,
                 {**aligned, "SPLIT_K": int(setting(config, "SPLIT_K"))})
@@ -620,8 +638,9 @@ def _reduce_constexprs(config: Config) -> dict[str, int]:
 
 def _splitk_launcher(problem: Problem, config: Config, a: Any, b: Any, out: Any,
                      compiled: Any | None) -> Callable[[], None]:
-    """Two launches: the partial products into the workspace (`_workspace`, allocated here,
-    outside the timed closure), then their reduction into `out`."""
+    """Two launches (splitk, tma_splitk): the partial products into the workspace (`_workspace`,
+    allocated here, outside the timed closure, as are tma_splitk's descriptors), then their
+    reduction into `out`."""
 
     from tilepilot.kernels import matmul_splitk_triton
 
@@ -630,7 +649,9 @@ def _splitk_launcher(problem: Problem, config: Config, a: Any, b: Any, out: Any,
     fn, ints, constexprs = _kernel(problem, config)
     tiles = -(-m // int(config["BLOCK_SIZE_M"])) * -(-n // int(config["BLOCK_SIZE_N"]))
     ws = _workspace(split * m * n, a.device)
-    partials = launch(fn, (tiles, split, 1), {"a_ptr": a, "b_ptr": b, "ws_ptr": ws, **ints}, constexprs, config,
+    blocks = descriptor_blocks(config)
+    operands = _descriptors(blocks, {"a": a, "b": b}) if blocks else {"a_ptr": a, "b_ptr": b}
+    partials = launch(fn, (tiles, split, 1), {**operands, "ws_ptr": ws, **ints}, constexprs, config,
                       None if compiled is None else compiled.main)
     reduce_grid = (-(-(m * n) // matmul_splitk_triton.REDUCE_BLOCK), 1, 1)
     reduce = launch(matmul_splitk_triton.splitk_reduce_kernel, reduce_grid, {"ws_ptr": ws, "c_ptr": out, "MN": m * n},

@@ -1,5 +1,5 @@
 """VARIANT=persistent, tma, tma_tail and streamk of the `matmul` family: persistent kernels with a
-tile scheduler (Triton's 09-persistent-matmul tutorial).
+tile scheduler (Triton's 09-persistent-matmul tutorial); and tma_splitk, which borrows their K loop.
 
 The host launches one program per SM (fewer when there are fewer tiles); program p computes the
 output tiles p, p + P, p + 2P, ... (P programs) in the grouped order of the tutorial kernel, so
@@ -17,6 +17,10 @@ K loop are flattened into one pipelined loop) and no launch pays for more than o
   N times the element size): the family's constraints refuse other problems;
 - `matmul_tma_tail_kernel` and `matmul_tma_streamk_kernel`: the tma kernel with the last, partial
   wave of tiles shared out among all the programs, split along K (see each kernel);
+- `matmul_tma_splitk_kernel`: not persistent: one program per output tile and K range (grid: tiles ×
+  SPLIT_K), each running the tma kernel's K loop over its range and storing its fp32 partial
+  through pointers to a workspace that splitk_reduce_kernel (matmul_splitk_triton.py) sums in a
+  fixed order: split-K with TMA loads, for few tiles and a long K;
 - `matmul_tma_wide_kernel`: the tma kernel with a tile BLOCK_SIZE_N wide that is not a power of
   two (160 or 192, as cuBLAS's 192x128 or 160x256 tiles), which Triton's blocks cannot be: two
   column blocks side by side, of the largest power of two below it and the rest, each with its own
@@ -129,6 +133,30 @@ def _store_tile(c_desc, accumulator, row, col, BLOCK_SIZE_M: tl.constexpr, BLOCK
         c_desc.store([row, col + BLOCK_SIZE_N // 2], right.to(dtype))
     else:
         c_desc.store([row, col], accumulator.to(dtype))
+
+
+@triton.jit
+def matmul_tma_splitk_kernel(
+    a_desc, b_desc, ws_ptr,
+    M, N, K,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr,
+):
+    """Split `program_id(1)`'s fp32 partial of tile `program_id(0)` over its range of whole K-blocks
+    (the K-blocks over SPLIT_K, rounded up; the last range may be shorter), stored at its split's
+    M×N slot of the workspace (rows past M and columns past N left out)."""
+    tile = tl.program_id(axis=0)
+    split = tl.program_id(axis=1)
+    pid_m, pid_n = tile_pid(tile, tl.cdiv(M, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
+    k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
+    per_split = tl.cdiv(k_blocks, SPLIT_K)
+    first = split * per_split
+    last = min(first + per_split, k_blocks)
+    accumulator = _k_range(a_desc, b_desc, pid_m, pid_n, first, last, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    ws = ws_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :]
+    tl.store(ws, accumulator, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N), cache_modifier=".cg")
 
 
 @triton.jit
