@@ -75,7 +75,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -253,6 +253,32 @@ def group_grid(problem: Problem) -> list[Config]:
     return [space.parse({**config, "GROUP_SIZE_M": g}) for g in (1, 4, 16)]
 
 
+# The `--*-only` flags (matmul): flag, the grid it records instead of the whole one, what that grid is.
+ONLY_GRIDS: tuple[tuple[str, Callable[[Problem], list[Config]], str], ...] = (
+    ("--new-only", new_variants_grid, "the variants added after the first recording"),
+    ("--streamk-only", streamk_grid,
+     "VARIANT=streamk, e.g. --out data/replay/matmul-variants-streamk-h100.jsonl"),
+    ("--wide-only", wide_grid,
+     "VARIANT=tma at BLOCK_SIZE_N 160 and 192, e.g. --out data/replay/matmul-variants-wide-h100.jsonl"),
+    ("--narrow-only", narrow_grid, "tiles 16 and 32 columns wide, e.g. --problems decode "
+     "--out data/replay/matmul-variants-narrow-h100.jsonl"),
+    ("--pad-only", pad_grid, "VARIANT=tma with PAD_ROWS, e.g. --problems "
+     "3000x5000x1000:fp16,1000x3000x2000:bf16 --out data/replay/matmul-variants-pad-h100.jsonl"),
+    ("--group-only", group_grid, "the table's tuned configs at GROUP_SIZE_M 1, 4, 16, e.g. "
+     "--out data/replay/matmul-variants-group-h100.jsonl"),
+    ("--tma-splitk-only", tma_splitk_grid,
+     "VARIANT=tma_splitk, e.g. --out data/replay/matmul-variants-tmasplitk-h100.jsonl"),
+)
+
+
+def only_grid(args: argparse.Namespace) -> Callable[[Problem], list[Config]] | None:
+    """The grid of the first `--*-only` flag set in `args` (ONLY_GRIDS), None where none is."""
+    for flag, grid_of, _ in ONLY_GRIDS:
+        if getattr(args, flag.removeprefix("--").replace("-", "_")):
+            return grid_of
+    return None
+
+
 def tile_config(bm: int, bn: int, bk: int, w: int, s: int, **variant: Any) -> Config:
     """A matmul config as the recorded grids hold it: the tile, GROUP_SIZE_M 8, and every variant
     parameter at its default unless given."""
@@ -397,20 +423,9 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     configs_all = grid(kernel)
 
     def configs_of(p: Problem) -> list[Config]:
-        if args.new_only:
-            return new_variants_grid(p)
-        if args.streamk_only:
-            return streamk_grid(p)
-        if args.wide_only:
-            return wide_grid(p)
-        if args.narrow_only:
-            return narrow_grid(p)
-        if args.pad_only:
-            return pad_grid(p)
-        if args.group_only:
-            return group_grid(p)
-        if args.tma_splitk_only:
-            return tma_splitk_grid(p)
+        only = only_grid(args)
+        if only is not None:
+            return only(p)
         return variants_grid(p) if args.variants else configs_all
 
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
@@ -628,7 +643,7 @@ def probe_timing(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": report, **ev.environment().as_dict(), "date": dt.date.today().isoformat()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kernel", default=MATMUL, help="the family to record (default matmul)")
     p.add_argument("--problems", default="all",
@@ -640,26 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log", help="default bench/results/record-KERNEL-h100.json")
     p.add_argument("--variants", action="store_true",
                    help="matmul: record the variants' grid (variants_grid) instead of the tutorial's 162 configs")
-    p.add_argument("--new-only", action="store_true",
-                   help="matmul: record only the variants added after the first recording (new_variants_grid)")
-    p.add_argument("--streamk-only", action="store_true",
-                   help="matmul: record only VARIANT=streamk (streamk_grid), e.g. --out "
-                        "data/replay/matmul-variants-streamk-h100.jsonl")
-    p.add_argument("--wide-only", action="store_true",
-                   help="matmul: record only VARIANT=tma at BLOCK_SIZE_N 160 and 192 (wide_grid), e.g. --out "
-                        "data/replay/matmul-variants-wide-h100.jsonl")
-    p.add_argument("--narrow-only", action="store_true",
-                   help="matmul: record only tiles 16 and 32 columns wide (narrow_grid), e.g. --problems decode "
-                        "--out data/replay/matmul-variants-narrow-h100.jsonl")
-    p.add_argument("--pad-only", action="store_true",
-                   help="matmul: record only VARIANT=tma with PAD_ROWS (pad_grid), e.g. --problems "
-                        "3000x5000x1000:fp16,1000x3000x2000:bf16 --out data/replay/matmul-variants-pad-h100.jsonl")
-    p.add_argument("--group-only", action="store_true",
-                   help="matmul: record only the table's tuned configs at GROUP_SIZE_M 1, 4, 16 (group_grid), e.g. "
-                        "--out data/replay/matmul-variants-group-h100.jsonl")
-    p.add_argument("--tma-splitk-only", action="store_true",
-                   help="matmul: record only VARIANT=tma_splitk (tma_splitk_grid), e.g. "
-                        "--out data/replay/matmul-variants-tmasplitk-h100.jsonl")
+    for flag, grid_of, what in ONLY_GRIDS:
+        p.add_argument(flag, action="store_true", help=f"matmul: record only {what} ({grid_of.__name__})")
     p.add_argument("--time-budget-s", type=float, default=420.0)
     p.add_argument("--workers", type=int, default=14)
     p.add_argument("--rounds", type=int, default=4)
@@ -670,7 +667,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aot-vs-jit", default="", help="write the AOT-vs-JIT check to this file and exit")
     p.add_argument("--repeat-check", default="", help="re-time recorded configs, write the comparison, exit")
     p.add_argument("--probe-timing", default="", help="write timing quantiles per input set / flush, exit")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     args.out = args.out or f"data/replay/{args.kernel}-h100.jsonl"
     args.cublas_out = args.cublas_out or (f"bench/results/{args.kernel}-h100-cublas.json" if args.kernel == MATMUL
                                           else f"bench/results/{args.kernel}-h100-baseline.json")

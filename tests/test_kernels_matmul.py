@@ -464,3 +464,37 @@ def test_group_grid_is_the_tables_tuned_config_at_the_other_tile_orders() -> Non
     assert all({**c.as_dict(), "GROUP_SIZE_M": 8} == {**row["arms"]["tuned"]["config"], "GROUP_SIZE_M": 8}
                for c in grid)
     assert record.group_grid(problem(96, 96, 96)) == []  # not in the table
+
+
+def test_each_only_flag_of_record_records_its_own_grid() -> None:
+    import sys
+
+    from tilepilot.orchestrator.replay import DATA_DIR
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import record  # type: ignore[import-not-found]
+
+    assert record.only_grid(record.parser().parse_args([])) is None
+    flags = {"--new-only": record.new_variants_grid, "--streamk-only": record.streamk_grid,
+             "--wide-only": record.wide_grid, "--narrow-only": record.narrow_grid, "--pad-only": record.pad_grid,
+             "--group-only": record.group_grid, "--tma-splitk-only": record.tma_splitk_grid}
+    for flag, grid_of in flags.items():
+        assert record.only_grid(record.parser().parse_args([flag])) is grid_of, flag
+
+
+def test_recorded_tma_splitk_dataset_is_each_problems_tma_splitk_grid() -> None:
+    import sys
+
+    from tilepilot.experiments import Status
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    sys.path.insert(0, str(DATA_DIR.parents[1] / "bench"))
+    import record  # type: ignore[import-not-found]
+
+    ds = load_dataset(DATA_DIR / "matmul-variants-tmasplitk-h100.jsonl.gz", FAMILY)
+    assert len(ds.problems) == 29
+    for p in ds.problems:
+        records = ds.records(p)
+        assert set(records) == set(record.tma_splitk_grid(p)), p.label()
+        for c, r in records.items():
+            assert (FAMILY.space().check(c, p) is None) == (r.status is Status.OK), (p.label(), c.label(), r.message)
