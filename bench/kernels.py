@@ -1,7 +1,7 @@
 """Each family's tuned config against its baselines, timed side by side in one run on one GPU.
 
     python bench/kernels.py --out bench/results/kernels-h100.json [--families matmul,softmax,...]
-        [--time-budget-s 540] [--workers 14]
+        [--time-budget-s 540] [--workers 14] [--cold-l2 copies|flush]
 
 Per problem of the family's shape set (bench/record.ISSUE_SHAPES; matmul: the recorded problems),
 these arms are timed together, interleaved (A B C, B C A, ...), by the same GPU timer the
@@ -29,6 +29,16 @@ L2 cold or warm as the family says; rounds until a 1% spread or a 100 ms cap per
   of 128 per program, one row, one warp).
 Every arm's output is checked against the family's reference before it is timed; an arm that
 fails the check is reported and not timed.
+
+A family timed with a cold L2 (matmul, fused_moe) gets it as `--cold-l2` says. `copies` (the
+default): each config and baseline arm rotates over copies of the problem's data, enough that
+the others touched twice the L2 between two uses of one copy, as the campaigns' evaluator times
+every config (and as the shipped datasets were recorded); where the copies would not fit, the L2
+is flushed. `flush`: a buffer twice the L2 is zeroed before each launch, as Triton's do_bench
+does (and as this script timed every run before 2026-11-28): the L2 is then full of dirty lines,
+which the timed kernel writes back to HBM as it brings its own data in
+(bench/results/evict-probe-h100.json: 1×4096×4096 takes cuBLAS 21.2 µs after the zeroing flush and
+17.4 µs after a flush that only reads). Each arm's `cold_l2` says which it got.
 
 The device ceilings (copy bandwidth, cuBLAS bf16 rate) are measured at the start of the run
 (tilepilot.kernels.ceilings), so each time also reads as a percentage of them. Rows are written
@@ -136,12 +146,12 @@ def tuned_finalists(kernel: str, paths: list[Path] | None = None,
 
 
 def pick_finalist(family: Any, problem: Problem, finalists: list[Config], timer: Any,
-                  target: Any) -> tuple[Config | None, list[dict[str, Any]]]:
+                  target: Any, cold_l2: str = "flush") -> tuple[Config | None, list[dict[str, Any]]]:
     """The fastest of the finalists, timed together as bench_problem times its arms, and each
     one's time (or why it did not run)."""
     if len(finalists) < 2:
         return (finalists[0] if finalists else None), []
-    arms = Arms(family, problem, target)
+    arms = Arms(family, problem, target, cold_l2=cold_l2, l2_bytes=getattr(timer, "l2_bytes", 0))
     for i, c in enumerate(finalists):
         arms.config(f"finalist-{i}", c)
     timings = arms.time(timer, family.l2_flush)
@@ -161,15 +171,55 @@ def arm_plan(flush_l2: bool) -> Any:
     return TimingPlan(rounds=5, block_ms=2.0, flush_l2=flush_l2, spread_target=0.01, time_cap_ms=100.0)
 
 
-class Arms:
-    """Named launch closures for one problem, each checked against the reference."""
+COLD_L2 = ("copies", "flush")  # --cold-l2: how a family timed cold gets a cold L2
 
-    def __init__(self, family: Any, problem: Problem, target: Any, device: str = "cuda") -> None:
+
+def cold_copies(family: Any, problem: Problem, inputs: tuple[Any, ...],
+                l2_bytes: int) -> list[tuple[tuple[Any, ...], Any]]:
+    """The (inputs, out) copies a family timed cold rotates over, as a campaign's evaluator makes
+    them (tilepilot.kernels.evaluate): enough that between two uses of one copy the others touched
+    twice the L2; `inputs` first, then clones of it. [] where they would not fit (more than
+    COLD_CAP_BYTES or half the free GPU memory): the L2 is then flushed before each launch."""
+    import torch
+
+    from tilepilot.kernels.evaluate import COLD_CAP_BYTES, MAX_COLD_COPIES, _clone, _nbytes
+    from tilepilot.kernels.timing import cold_copies_needed
+
+    out_bytes = _nbytes(family.make_output(problem, inputs))
+    need = cold_copies_needed(_nbytes(inputs) + out_bytes, l2_bytes)
+    more = (need - 1) * (_nbytes(inputs) + out_bytes)
+    free, _ = torch.cuda.mem_get_info()
+    if need > MAX_COLD_COPIES or more > min(COLD_CAP_BYTES, free // 2):
+        log.info("%s: %d copies (%.0f MB more) for cold timing do not fit; flushing L2 instead", problem.label(),
+                 need, more / 1e6)
+        return []
+    sets = [inputs, *(_clone(inputs) for _ in range(need - 1))]
+    return [(s, family.make_output(problem, s)) for s in sets]
+
+
+class Arms:
+    """Named launch closures for one problem, each checked against the reference.
+
+    `cold_l2` ("copies" or "flush") says how a family timed cold (`l2_flush`) gets a cold L2:
+    "copies" rotates each config and baseline arm over copies of the data (`cold_copies`), as a
+    campaign's evaluator times (so consecutive launches read data no recent launch touched, and
+    the L2 holds the other copies' lines); "flush" zeroes a buffer twice the L2 before each launch
+    (as Triton's do_bench does), which leaves the L2 full of dirty lines that the timed kernel
+    writes back as it reads. Arms added with `add` (a probe's own launches) are flushed either way.
+    """
+
+    def __init__(self, family: Any, problem: Problem, target: Any, device: str = "cuda",
+                 cold_l2: str = "flush", l2_bytes: int = 0) -> None:
+        if cold_l2 not in COLD_L2:
+            raise ValueError(f"cold_l2 must be one of {', '.join(COLD_L2)}, not {cold_l2!r}")
         self.family, self.problem, self.target, self.device = family, problem, target, device
         self.inputs = family.make_inputs(problem, 0, device)
         self.ref = family.reference(problem, self.inputs)
         self.launches: dict[str, Callable[[], None]] = {}
         self.notes: dict[str, dict[str, Any]] = {}
+        self.copies = (cold_copies(family, problem, self.inputs, l2_bytes)
+                       if cold_l2 == "copies" and family.l2_flush and device == "cuda" else [])
+        self.rotated: dict[str, list[Callable[[], None]]] = {}  # arm -> its launch on each copy
 
     def add(self, arm: str, make: Callable[[Any], Callable[[], None]], **note: Any) -> None:
         import torch
@@ -194,27 +244,41 @@ class Arms:
             return
         self.launches[arm] = fn
 
+    def _rotate(self, arm: str, launch: Callable[[tuple[Any, ...], Any], Callable[[], None]]) -> None:
+        """With copies, `arm` (checked) launches on each copy in turn when timed."""
+        if self.copies and arm in self.launches:
+            self.rotated[arm] = [launch(inputs, out) for inputs, out in self.copies]
+
     def baseline(self, arm: str, /, **note: Any) -> None:
         """The family's baseline (cuBLAS for matmul) as the arm `arm`; `note` is kept with it (its
         `name`, say)."""
         self.add(arm, lambda out: self.family.baseline(self.problem, self.inputs, out), **note)
+        self._rotate(arm, lambda inputs, out: self.family.baseline(self.problem, inputs, out))
 
     def config(self, arm: str, config: Config) -> None:
         family, problem = self.family, self.problem
+        compiled: list[Any] = []
 
         def make(out: Any) -> Callable[[], None]:
-            compiled = family.compile(problem, config, self.target)
-            return family.launcher(problem, config, self.inputs, out, compiled)
+            compiled.append(family.compile(problem, config, self.target))
+            return family.launcher(problem, config, self.inputs, out, compiled[0])
 
         self.add(arm, make, config=config.as_dict())
+        self._rotate(arm, lambda inputs, out: family.launcher(problem, config, inputs, out, compiled[0]))
 
     def time(self, timer: Any, flush_l2: bool, extra: dict[str, Callable[[], None]] | None = None) -> dict[str, Any]:
         """Arm name -> Timing: every arm that passed its check, and the `extra` launches (checked
-        by the caller), timed together, interleaved, by `timer` with `arm_plan(flush_l2)`."""
+        by the caller), timed together, interleaved, by `timer` with `arm_plan(flush_l2)`; an arm
+        with copies rotates over them instead of a flush."""
         launches = {**self.launches, **(extra or {})}
         names = list(launches)
-        timed = timer.time([[launches[n]] for n in names], arm_plan(flush_l2), lambda i: None)
+        timed = timer.time([self.rotated.get(n, [launches[n]]) for n in names], arm_plan(flush_l2), lambda i: None,
+                           cold=[n in self.rotated for n in names])
         return dict(zip(names, timed, strict=True))
+
+    def cold(self, arm: str) -> str:
+        """How `arm` got a cold L2 when timed cold: "N copies" or "flush"."""
+        return f"{len(self.copies)} copies" if arm in self.rotated else "flush"
 
     def medians(self, timings: dict[str, Any]) -> dict[str, dict[str, Any]]:
         """Arm name -> its median, p20, p80 and timing method beside its notes; an arm that was
@@ -250,10 +314,10 @@ def _sig(x: float | None) -> float | None:
 
 
 def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: Any, target: Any,
-                  ceilings: Any, grouped: Config | None = None) -> dict[str, Any]:
+                  ceilings: Any, grouped: Config | None = None, cold_l2: str = "flush") -> dict[str, Any]:
     import torch
 
-    arms = Arms(family, problem, target)
+    arms = Arms(family, problem, target, cold_l2=cold_l2, l2_bytes=getattr(timer, "l2_bytes", 0))
     if tuned is not None:
         arms.config("tuned", tuned)
     if grouped is not None and grouped != tuned:
@@ -282,6 +346,7 @@ def bench_problem(family: Any, problem: Problem, tuned: Config | None, timer: An
         row["arms"][name] = {
             **arms.notes[name], "median_ms": _sig(ms), "p20_ms": _sig(t.p20_ms), "p80_ms": _sig(t.p80_ms),
             "reps": t.reps, "method": t.method, "l2_flushed": t.l2_flushed,
+            **({"cold_l2": arms.cold(name)} if family.l2_flush else {}),
             "tflops": _sig(work.tflops(ms)), "gbps": _sig(work.gbps(ms)),
             "pct_copy_bandwidth": _sig(100 * work.gbps(ms) / ceilings.copy_gbps),
             "pct_matmul_rate": _sig(100 * work.tflops(ms) / ceilings.matmul_tflops)}
@@ -324,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--time-budget-s", type=float, default=540.0)
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--cold-l2", choices=COLD_L2, default="copies",
+                    help="how the families timed cold get a cold L2: rotating copies of the data, as campaigns "
+                         "time (default), or a flush before each launch, as Triton's do_bench")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     start = time.monotonic()
@@ -342,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     target, timer = ev.target(), GpuTimer()
     ceilings = measure_ceilings()
     run = {"command": " ".join(["python", "bench/kernels.py", *(argv if argv is not None else sys.argv[1:])]),
-           "date": dt.date.today().isoformat(), **ev.environment().as_dict(),
+           "date": dt.date.today().isoformat(), **ev.environment().as_dict(), "cold_l2": args.cold_l2,
            "ceilings": {"copy_gbps": _sig(ceilings.copy_gbps), "matmul_tflops": _sig(ceilings.matmul_tflops),
                         "details": ceilings.details}}
     kernels = [k.strip() for k in args.families.split(",") if k.strip()]
@@ -370,9 +438,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             fam = get_family(kernel)
             tuned, timed_finalists = pick_finalist(fam, problem, finalists[kernel].get(problem.key(), []), timer,
-                                                   target)
+                                                   target, args.cold_l2)
             row = bench_problem(fam, problem, tuned, timer, target, ceilings,
-                                grouped.get(problem.key()) if kernel == "matmul" else None)
+                                grouped.get(problem.key()) if kernel == "matmul" else None, args.cold_l2)
             if timed_finalists:
                 row["finalists"] = timed_finalists
             report["rows"].append(row)
