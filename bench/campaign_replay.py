@@ -7,7 +7,7 @@ lets it. This runs that, unchanged, on the replay backend, cold (`tune --cold`),
 each problem's declared winner by its recorded time over the grid optimum.
 
     python bench/campaign_replay.py --out bench/results/campaign-replay-h100.json \\
-        [--dataset data/replay/matmul-h100.jsonl --dataset ...] [--protocol auto|folds|shipped] \\
+        [--dataset data/replay/matmul-h100.jsonl.gz --dataset ...] [--protocol auto|folds|shipped] \\
         [--proposers rules,portfolio] [--budget 8]
 
 The default datasets: the H100 grid, the fresh H100 grid and the H200 grid. `--protocol auto`:
@@ -42,8 +42,8 @@ from tilepilot.orchestrator.replay import ReplayDataset, load_dataset  # noqa: E
 from tilepilot.storage.queries import best, open_db  # noqa: E402
 
 FOLDS = ROOT / "bench/results/rules-constants-4fold.json"
-FOLDS_DATASET = "matmul-h100.jsonl"  # the grid the folds deal
-DATASETS = ("data/replay/matmul-h100.jsonl", "data/replay/matmul-h100-fresh.jsonl.gz",
+FOLDS_DATASET = "matmul-h100.jsonl.gz"  # the grid the folds deal
+DATASETS = ("data/replay/matmul-h100.jsonl.gz", "data/replay/matmul-h100-fresh.jsonl.gz",
             "data/replay/matmul-h200.jsonl.gz")
 TOLERANCE = 0.02
 

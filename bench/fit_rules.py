@@ -1,6 +1,6 @@
 """Fit the `rules` tile model's constants on chosen problems of a dataset, and show how it ranks.
 
-    python bench/fit_rules.py --dataset data/replay/matmul-h100.jsonl [--problems dev|all] [--fit]
+    python bench/fit_rules.py --dataset data/replay/matmul-h100.jsonl.gz [--problems dev|all] [--fit]
 
 Without --fit: how the current constants (agents/tile_model.py `Constants`) rank the configs
 of each chosen problem: the spread of the log-error, where the first config within 2% of the
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from search import DEV_PROBLEMS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dataset", default="data/replay/matmul-h100.jsonl")
+    ap.add_argument("--dataset", default="data/replay/matmul-h100.jsonl.gz")
     ap.add_argument("--problems", choices=("dev", "all"), default="dev")
     ap.add_argument("--fit", action="store_true")
     args = ap.parse_args(argv)

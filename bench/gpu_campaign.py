@@ -6,7 +6,7 @@ space is narrowed to the recorded grid with FAULT="none"; the campaign file also
 config with FAULT="oob" that writes out of bounds (an illegal memory access), measured first
 for every problem, so each problem's child process dies once and the campaign must go on.
 
-Afterwards each winner is looked up in the recorded grid (data/replay/matmul-h100.jsonl):
+Afterwards each winner is looked up in the recorded grid (data/replay/matmul-h100.jsonl.gz):
 its recorded time over the recorded optimum is the regret the search left. The measured
 winner time and cuBLAS time come from this run. Re-running the command resumes the campaign.
 
@@ -87,7 +87,7 @@ def fit_folds(dataset: ReplayDataset, problems: list[Problem], k: int, out: Path
         print(f"fold {i}: fitted on {len(train)} problems in {time.monotonic() - t0:.0f} s", flush=True)
     out.write_text(json.dumps({"what": "rules tile-model constants per fold, each fitted without its fold's problems",
                                "command": " ".join(["python", "bench/gpu_campaign.py", *sys.argv[1:]]),
-                               "date": dt.date.today().isoformat(), "dataset": "matmul-h100.jsonl",
+                               "date": dt.date.today().isoformat(), "dataset": "matmul-h100.jsonl.gz",
                                "folds": folds}, indent=1) + "\n")
 
 
@@ -147,7 +147,7 @@ def arbitrate(result_path: Path, dataset: ReplayDataset, out: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", default=str(ROOT / "data/replay/matmul-h100.jsonl"))
+    ap.add_argument("--dataset", default=str(ROOT / "data/replay/matmul-h100.jsonl.gz"))
     ap.add_argument("--db")
     ap.add_argument("--out")
     ap.add_argument("--folds", type=int, default=4, help="held-out folds for the rules constants (0: shipped ones)")

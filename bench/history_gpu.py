@@ -79,7 +79,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", required=True, help="a folder for the campaign files and stores")
-    ap.add_argument("--dataset", default=str(ROOT / "data/replay/matmul-h100.jsonl"))
+    ap.add_argument("--dataset", default=str(ROOT / "data/replay/matmul-h100.jsonl.gz"))
     ap.add_argument("--replay", action="store_true",
                     help="run the campaigns on the recorded grid instead (a check of the script; no re-measurement)")
     args = ap.parse_args()

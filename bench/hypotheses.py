@@ -1,6 +1,6 @@
 """Verdict accuracy of the hypothesis ledger on a recorded grid (replay).
 
-    python bench/hypotheses.py [--dataset data/replay/matmul-h100.jsonl]
+    python bench/hypotheses.py [--dataset data/replay/matmul-h100.jsonl.gz]
         [--proposers random,optuna] [--seeds 5] [--budgets 8,16,32] [--variants shipped,...]
         [--out bench/results/hypotheses-h100.json]
 
@@ -160,7 +160,7 @@ JUDGE_SETTINGS = ("MIN_PAIRS", "MAX_PAIRS", "NOISE_FLOOR", "SIGN_P", "SPREAD_FLO
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", type=Path, default=ROOT / "data/replay/matmul-h100.jsonl")
+    ap.add_argument("--dataset", type=Path, default=ROOT / "data/replay/matmul-h100.jsonl.gz")
     ap.add_argument("--kernel", default="matmul")
     ap.add_argument("--proposers", default="random,optuna")
     ap.add_argument("--seeds", type=int, default=5)

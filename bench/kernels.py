@@ -15,7 +15,7 @@ L2 cold or warm as the family says; rounds until a 1% spread or a 100 ms cap per
   As a campaign declares its winner, the finalists are first re-measured together, interleaved, in
   this run (their times are in the row's `finalists`); the fastest is then timed afresh with the
   other arms, so its reported time is not the minimum of the measurements that chose it;
-- matmul `tuned-grouped`: the fastest config of the tutorial grid alone (data/replay/matmul-h100.jsonl,
+- matmul `tuned-grouped`: the fastest config of the tutorial grid alone (data/replay/matmul-h100.jsonl.gz,
   the plain grouped kernel), when the best variant is another config;
 - `default`: the config the family uses untuned (`default_config`);
 - `baseline`: the family's own baseline (`baseline_name`: cuBLAS for matmul, PyTorch's SDPA for
@@ -416,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     kernels = [k.strip() for k in args.families.split(",") if k.strip()]
     todo = [(k, p) for k in kernels for p in shapes(k) if (k, p.key()) not in done]
     finalists = {k: tuned_finalists(k) for k in kernels}
-    grouped = tuned_configs("matmul", [ROOT / "data" / "replay" / "matmul-h100.jsonl"]) if "matmul" in kernels else {}
+    tutorial_grid = ROOT / "data" / "replay" / "matmul-h100.jsonl.gz"
+    grouped = tuned_configs("matmul", [tutorial_grid]) if "matmul" in kernels else {}
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=mp.get_context("spawn"),
                              initializer=record._child_init) as pool:  # warm Triton's cache ahead
         futures = []

@@ -1,6 +1,6 @@
 """Search efficiency of the proposers on recorded data: how few measurements reach the optimum.
 
-    python bench/search.py --dataset data/replay/matmul-h100.jsonl --out bench/results/search-h100.json \\
+    python bench/search.py --dataset data/replay/matmul-h100.jsonl.gz --out bench/results/search-h100.json \\
         [--protocol lopo|dev-split] [--proposers random,grid,optuna,optuna-gp,rules,portfolio] [--seeds 10]
         [--slow-seeds 3] [--jobs 2]
     python bench/search.py --arm warm --out bench/results/warm-start-h100.json \\
@@ -876,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
                                    f"{','.join(h for h in HEADS if h)})")
     p.add_argument("--kernel", default="matmul",
                    help="the family whose recorded grid is searched (another than matmul: --protocol shipped)")
-    p.add_argument("--dataset", help="default: the family's own H100 grid, e.g. data/replay/matmul-h100.jsonl")
+    p.add_argument("--dataset", help="default: the family's own H100 grid, e.g. data/replay/matmul-h100.jsonl.gz")
     p.add_argument("--out", help="default: bench/results/search-h100.json (search), warm-start-h100.json (warm)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="lopo")
     p.add_argument("--proposers", help=f"default: {','.join(PROPOSERS)} (search), {','.join(WARM_PROPOSERS)} (warm)")

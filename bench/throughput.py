@@ -102,7 +102,7 @@ from tilepilot.storage.store import Store  # noqa: E402
 
 log = logging.getLogger("throughput")
 
-DATASET = ROOT / "data" / "replay" / "matmul-h100.jsonl"
+DATASET = ROOT / "data" / "replay" / "matmul-h100.jsonl.gz"
 OUT = {"cpu": ROOT / "bench" / "results" / "throughput-cpu.json",
        "gpu": ROOT / "bench" / "results" / "throughput-gpu.json",
        "scale": ROOT / "bench" / "results" / "throughput-scale.json"}

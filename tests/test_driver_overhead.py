@@ -38,7 +38,7 @@ from tilepilot.orchestrator.tune import TuneOptions, tune
 from tilepilot.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASET = ROOT / "data" / "replay" / "matmul-h100.jsonl"
+DATASET = ROOT / "data" / "replay" / "matmul-h100.jsonl.gz"
 # three recorded problems: enough results for the miner to state, test and decide hypotheses
 PROBLEMS = [{"M": 16, "N": 4096, "K": 4096, "dtype": "bf16"}, {"M": 4096, "N": 4096, "K": 4096, "dtype": "fp16"},
             {"M": 32, "N": 8192, "K": 8192, "dtype": "bf16"}]

@@ -84,7 +84,7 @@ def test_every_recorded_config_the_register_constraint_refuses_spilled_and_lost(
     from tilepilot.orchestrator.replay import DATA_DIR
 
     refused = 0
-    for name in ("matmul-h100.jsonl", "matmul-h200.jsonl.gz", "matmul-variants-h100.jsonl.gz"):
+    for name in ("matmul-h100.jsonl.gz", "matmul-h200.jsonl.gz", "matmul-variants-h100.jsonl.gz"):
         path = DATA_DIR / name
         with (gzip.open(path, "rt") if name.endswith(".gz") else path.open()) as f:
             rows = [r for r in map(json.loads, f) if "config" in r]
@@ -290,7 +290,7 @@ def test_kernel_version_covers_every_variant_module() -> None:
 def test_recorded_dataset_without_variant_keys_replays_as_the_grouped_kernel() -> None:
     from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
 
-    ds = load_dataset(DATA_DIR / "matmul-h100.jsonl", FAMILY)
+    ds = load_dataset(DATA_DIR / "matmul-h100.jsonl.gz", FAMILY)
     p = problem(3000, 5000, 1000, "fp16")
     records = ds.records(p)
     assert len(records) == 162 and {c["VARIANT"] for c in records} == {"grouped"}

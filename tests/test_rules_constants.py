@@ -101,7 +101,7 @@ def test_the_fit_measures_how_much_more_the_model_errs_where_both_operands_load_
 
     from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
 
-    ds = load_dataset(DATA_DIR / "matmul-h100.jsonl", get_family("matmul"))
+    ds = load_dataset(DATA_DIR / "matmul-h100.jsonl.gz", get_family("matmul"))
     data = fit_rules.problem_data(ds, ds.problems)
     both = [d for d in data if fit_rules.both_scalar(d.problem)]
     assert [d.problem.label() for d in both] == ["M=3000 N=5000 K=1000 fp16", "M=1500 N=1500 K=1500 fp16"]

@@ -59,7 +59,7 @@ class Constants:
 
     The nine fitted ones (`bench/fit_rules.FITTED`) were fitted by `python bench/fit_rules.py
     --problems all --fit` (a ranking loss, Nelder-Mead from round physical values) on all 29
-    problems of data/replay/matmul-h100.jsonl, and `scalar_error_var` measured there after the
+    problems of data/replay/matmul-h100.jsonl.gz, and `scalar_error_var` measured there after the
     fit; `bench/search.py` never scores with these: it refits them without the problem it
     scores. Set by hand: `launch_us` (changes no ranking), `spill_cost` (spilling configs ran
     5-40x slower), `mma_sync_fraction` and the register model (Triton's register counts are
