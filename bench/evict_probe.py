@@ -19,6 +19,12 @@ left full of clean lines, as after a kernel that only read):
   evict-first (`evict`); copies of the family's kernels, here with an EVICT_B switch;
 - `read-plain` / `read-evict`: a kernel that only reads B, without and with evict-first.
 Each matmul arm's output is checked against the family's reference before it is timed.
+
+What it found (bench/results/evict-probe-h100.json, Triton 3.6): the matmul arms take the same time
+either way, because Triton 3.6 drops the eviction policy from the `cp.async` copies its pipeline
+turns these loads into (the PTX of both has the same loads, no `createpolicy`; Triton 3.9 keeps it as
+an `L2::cache_hint`); the read kernel, whose plain loads keep it, gains about 2 µs after the zeroing
+flush. And the flush itself matters: cuBLAS and every arm are 3-10 µs faster after the reading flush.
 """
 
 from __future__ import annotations
