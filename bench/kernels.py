@@ -185,16 +185,16 @@ def cold_copies(family: Any, problem: Problem, inputs: tuple[Any, ...],
     from tilepilot.kernels.evaluate import COLD_CAP_BYTES, MAX_COLD_COPIES, _clone, _nbytes
     from tilepilot.kernels.timing import cold_copies_needed
 
-    out_bytes = _nbytes(family.make_output(problem, inputs))
-    need = cold_copies_needed(_nbytes(inputs) + out_bytes, l2_bytes)
-    more = (need - 1) * (_nbytes(inputs) + out_bytes)
+    out = family.make_output(problem, inputs)
+    need = cold_copies_needed(_nbytes(inputs) + _nbytes(out), l2_bytes)
+    more = (need - 1) * (_nbytes(inputs) + _nbytes(out))
     free, _ = torch.cuda.mem_get_info()
     if need > MAX_COLD_COPIES or more > min(COLD_CAP_BYTES, free // 2):
         log.info("%s: %d copies (%.0f MB more) for cold timing do not fit; flushing L2 instead", problem.label(),
                  need, more / 1e6)
         return []
-    sets = [inputs, *(_clone(inputs) for _ in range(need - 1))]
-    return [(s, family.make_output(problem, s)) for s in sets]
+    clones = [_clone(inputs) for _ in range(need - 1)]
+    return [(inputs, out), *((c, family.make_output(problem, c)) for c in clones)]
 
 
 class Arms:
@@ -405,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     report = json.loads(out.read_text()) if out.exists() else {"rows": [], "runs": []}
+    earlier = {r.get("cold_l2", "flush") for r in report["runs"]}  # runs before --cold-l2 flushed
+    if earlier - {args.cold_l2}:
+        ap.error(f"--cold-l2 {args.cold_l2}: {out} holds rows timed with --cold-l2 {', '.join(sorted(earlier))}; "
+                 "resume with that or write to another --out")
     done = {(r["kernel"], Problem.of(r["problem"]).key()) for r in report["rows"]}
     ev = Evaluator("gpu")
     target, timer = ev.target(), GpuTimer()

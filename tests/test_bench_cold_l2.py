@@ -6,6 +6,7 @@ nothing is copied there."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,24 @@ def test_the_cli_refuses_a_bad_cold_l2(capsys: pytest.CaptureFixture[str]) -> No
     assert e.value.code == 2
     err = capsys.readouterr().err  # argparse quotes the choices or not by Python version
     assert "argument --cold-l2: invalid choice: 'cold'" in err and "copies" in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize(("earlier", "now"), [(None, "copies"), ("copies", "flush"), ("flush", "copies")])
+def test_resuming_a_run_with_another_cold_l2_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         earlier: str | None, now: str) -> None:
+    # a run's rows are all timed one way: resuming --out with the other is refused before any GPU work,
+    # and the file is left as it was (a run from before --cold-l2 has no key: it flushed)
+    out = tmp_path / "k.json"
+    run = {"command": "python bench/kernels.py", **({"cold_l2": earlier} if earlier else {})}
+    out.write_text(json.dumps({"rows": [], "runs": [run]}))
+    before = out.read_text()
+    with pytest.raises(SystemExit) as e:
+        kernels.main(["--cold-l2", now, "--out", str(out)])
+    assert e.value.code == 2
+    was = earlier or "flush"
+    assert (f"--cold-l2 {now}: {out} holds rows timed with --cold-l2 {was}; resume with that or write to "
+            "another --out") in capsys.readouterr().err
+    assert out.read_text() == before
 
 
 def test_no_copies_off_the_gpu() -> None:
