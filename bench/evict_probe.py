@@ -1,6 +1,7 @@
 """Do decode-shaped matmuls (B read once) go faster when B's loads are marked evict-first in L2?
 
     python bench/evict_probe.py --out bench/results/evict-probe-h100.json
+    python bench/evict_probe.py --ptx-only --out bench/results/evict-probe-ptx-h100.json
 
 A decode matmul streams B (32 MB at 4096×4096 bf16) once, and takes about twice the time HBM
 needs to deliver it (bench/results/decode-probe-h100.json: a kernel that only reads B takes 20.4 µs,
@@ -20,11 +21,16 @@ left full of clean lines, as after a kernel that only read):
 - `read-plain` / `read-evict`: a kernel that only reads B, without and with evict-first.
 Each matmul arm's output is checked against the family's reference before it is timed.
 
+`--ptx-only`: instead of timing, the memory operations in the PTX the installed Triton builds for
+the matmul kernel (64×32×128 tiles, 5 stages, at M = 64) and the read kernel, each without and with
+evict-first.
+
 What it found (bench/results/evict-probe-h100.json, Triton 3.6): the matmul arms take the same time
 either way, because Triton 3.6 drops the eviction policy from the `cp.async` copies its pipeline
-turns these loads into (the PTX of both has the same loads, no `createpolicy`; Triton 3.9 keeps it as
-an `L2::cache_hint`); the read kernel, whose plain loads keep it, gains about 2 µs after the zeroing
-flush. And the flush itself matters: cuBLAS and every arm are 3-10 µs faster after the reading flush.
+turns these loads into (evict-probe-ptx-h100.json: the same loads in both, no `createpolicy`; Triton
+3.9 keeps it as an `L2::cache_hint`); the read kernel, whose plain loads keep it, gains about 2 µs
+after the zeroing flush. And the flush itself matters: cuBLAS and every arm are 3-10 µs faster after
+the reading flush.
 """
 
 from __future__ import annotations
@@ -159,15 +165,52 @@ class CleanFlushTimer(GpuTimer):
         self._sink = self._flush_buf.sum()
 
 
+PTX_OPS = r"((?:ld\.global|cp\.async|createpolicy)[\w:.]*)"  # the loads and cache policies in a PTX listing
+
+
+def ptx_rows() -> list[dict[str, Any]]:
+    """Each kernel (the matmul at 64×32×128 tiles, 5 stages, M = 64; the read kernel) without and with
+    evict-first: the distinct memory operations of the PTX the installed Triton builds for it."""
+    import re
+
+    import torch
+
+    m, n, k = 64, 4096, 4096
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    ws = torch.empty(1, device="cuda", dtype=torch.float32)
+    locks = torch.zeros(n // 32, device="cuda", dtype=torch.int32)
+    sink = torch.empty(READ_PROGRAMS, device="cuda", dtype=torch.float32)
+    rows = []
+    for evict in (False, True):
+        mm = probe_matmul_kernel[(n // 32, 1)](
+            a, b, out, ws, locks, m, n, k, k, 1, n, 1, n, 1, BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=128,
+            GROUP_SIZE_M=8, SPLIT_K=1, EVICT_B=evict, num_warps=4, num_stages=5)
+        rd = read_kernel[(READ_PROGRAMS,)](b, sink, b.numel(), b.numel() // READ_PROGRAMS, BLOCK=4096,
+                                           EVICT_B=evict, num_warps=8)
+        for name, compiled in (("matmul 64x32x128 s5", mm), ("read", rd)):
+            rows.append({"kernel": name, "evict_first": evict,
+                         "ops": sorted(set(re.findall(PTX_OPS, compiled.asm["ptx"])))})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--ptx-only", action="store_true", help="record the kernels' PTX memory operations, no timing")
     args = ap.parse_args(argv)
 
     import torch
     from kernels import Arms, gpu_probe, tuned_finalists, write_probe
 
     fam, ev, target, timer = gpu_probe("matmul")
+    if args.ptx_only:
+        rows = ptx_rows()
+        for r in rows:
+            print(r, flush=True)
+        write_probe(args.out, __doc__, "evict_probe.py", argv, ev, rows)
+        return 0
     clean = CleanFlushTimer()
     finalists = tuned_finalists("matmul")
     rows = []
