@@ -165,6 +165,11 @@ class CleanFlushTimer(GpuTimer):
         self._sink = self._flush_buf.sum()
 
 
+def read_share(b: Any) -> int:
+    """Elements of B each of the read kernel's programs reads: a whole number of its 4096-element blocks."""
+    return triton.cdiv(triton.cdiv(b.numel(), READ_PROGRAMS), 4096) * 4096
+
+
 PTX_OPS = r"((?:ld\.global|cp\.async|createpolicy)[\w:.]*)"  # the loads and cache policies in a PTX listing
 
 
@@ -187,8 +192,8 @@ def ptx_rows() -> list[dict[str, Any]]:
         mm = probe_matmul_kernel[(n // 32, 1)](
             a, b, out, ws, locks, m, n, k, k, 1, n, 1, n, 1, BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=128,
             GROUP_SIZE_M=8, SPLIT_K=1, EVICT_B=evict, num_warps=4, num_stages=5)
-        rd = read_kernel[(READ_PROGRAMS,)](b, sink, b.numel(), b.numel() // READ_PROGRAMS, BLOCK=4096,
-                                           EVICT_B=evict, num_warps=8)
+        rd = read_kernel[(READ_PROGRAMS,)](b, sink, b.numel(), read_share(b), BLOCK=4096, EVICT_B=evict,
+                                           num_warps=8)
         for name, compiled in (("matmul 64x32x128 s5", mm), ("read", rd)):
             rows.append({"kernel": name, "evict_first": evict,
                          "ops": sorted(set(re.findall(PTX_OPS, compiled.asm["ptx"])))})
@@ -233,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                 for evict in (False, True):
                     arms.add(f"{tag}-{'evict' if evict else 'plain'}", probe_launch(a, b, c, evict), config=c)
         sink = torch.empty(READ_PROGRAMS, device="cuda", dtype=torch.float32)
-        per = triton.cdiv(triton.cdiv(b.numel(), READ_PROGRAMS), 4096) * 4096
+        per = read_share(b)
         extra = {}
         for evict in (False, True):
             def run(b: Any = b, sink: Any = sink, per: int = per, evict: bool = evict) -> None:
