@@ -86,7 +86,7 @@ def test_aot_compile_without_gpu_then_cache_hit_in_gpu_process(evaluator, tmp_pa
 
 def test_aot_kernel_is_the_kernel_the_jit_builds() -> None:
     from tilepilot.kernels import matmul_triton
-    from tilepilot.kernels.matmul import MatmulFamily, _constexprs, _int_args
+    from tilepilot.kernels.matmul import MatmulFamily, _int_args, _kernel
 
     family = MatmulFamily()
     for problem in (prob(4096, 4096, 4096, "bf16"), prob(1, 4096, 4096, "bf16"), prob(3000, 5000, 1000, "fp16")):
@@ -95,7 +95,8 @@ def test_aot_kernel_is_the_kernel_the_jit_builds() -> None:
         out = family.make_output(problem, inputs)
         aot = family.compile(problem, config, _device_target())
         grid = (1, 1, 1)
-        jit = matmul_triton.matmul_kernel[grid](*inputs, out, **_int_args(problem), **_constexprs(config),
+        _, _, constexprs = _kernel(problem, config)  # FEW_ROWS at M = 1 included
+        jit = matmul_triton.matmul_kernel[grid](*inputs, out, **_int_args(problem), **constexprs,
                                                 num_warps=8, num_stages=4)
         assert dict(aot.src.signature) == dict(jit.src.signature)
         assert _norm_attrs(aot.src.attrs) == _norm_attrs(jit.src.attrs)

@@ -389,6 +389,8 @@ class MatmulFamily(KernelFamily):
             spec += f" ALIGN_K:{align[0]} ALIGN_N:{align[1]}"
         if setting(config, "VARIANT") == "splitk":
             spec += f" MN:{int_class(m * n)}"  # the reduction's length
+        if few_rows(problem, config):
+            spec += " FEW_ROWS"
         return spec
 
     def source_hash(self) -> str:
@@ -575,15 +577,26 @@ def _kernel(problem: Problem, config: Config) -> tuple[Any, dict[str, int], dict
     if variant == "tma_splitk":
         return (matmul_persistent_triton.matmul_tma_splitk_kernel, mnk,
                 {**constexprs, "SPLIT_K": int(setting(config, "SPLIT_K"))})
+    if variant == "persistent":
+        return matmul_persistent_triton.matmul_persistent_kernel, ints, aligned
+    aligned["FEW_ROWS"] = few_rows(problem, config)
     if variant == "splitk_fused":
         return (matmul_splitk_fused_triton.matmul_splitk_fused_kernel, ints,
                 {**aligned, "SPLIT_K": int(setting(config, "SPLIT_K"))})
-    if variant == "persistent":
-        return matmul_persistent_triton.matmul_persistent_kernel, ints, aligned
     if variant == "splitk":
         ints = {k: v for k, v in ints.items() if not k.startswith("stride_c")}
         return matmul_splitk_triton.matmul_splitk_kernel, ints, {**aligned, "SPLIT_K": int(setting(config, "SPLIT_K"))}
     return matmul_triton.matmul_kernel, ints, aligned
+
+
+FEW_ROWS_VARIANTS = ("grouped", "splitk", "splitk_fused")  # the kernels whose A rows past M may be masked
+
+
+def few_rows(problem: Problem, config: Config) -> bool:
+    """FEW_ROWS of the grouped and split-K kernels: M is below one tile's rows, so A's rows past M are
+    masked rather than loaded again (matmul_triton.py)."""
+    m, _, _ = dims(problem)
+    return setting(config, "VARIANT") in FEW_ROWS_VARIANTS and m < int(config["BLOCK_SIZE_M"])
 
 
 def _pad_args(problem: Problem, operand: str, pointer: Any) -> dict[str, Any]:

@@ -13,9 +13,9 @@ is no second launch to wait for, which matters for the decode shapes (M ≤ 256)
 matmul takes about as long as streaming B once.
 
 The counters (one int32 per output tile, zero between launches) and the workspace are set aside
-by the host when the launch is built. Tile order, wrapped edge rows and columns, K masking and
-ALIGN_K / ALIGN_N are those of the grouped kernel (matmul_triton.py). Imported only inside a
-worker's child process.
+by the host when the launch is built. Tile order, wrapped edge rows and columns, K masking,
+ALIGN_K / ALIGN_N and FEW_ROWS are those of the grouped kernel (matmul_triton.py). Imported only
+inside a worker's child process.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def matmul_splitk_fused_kernel(
     stride_cm, stride_cn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr,
-    ALIGN_K: tl.constexpr, ALIGN_N: tl.constexpr,
+    ALIGN_K: tl.constexpr, ALIGN_N: tl.constexpr, FEW_ROWS: tl.constexpr = False,
 ):
     K = aligned(K, ALIGN_K)
     stride_am = aligned(stride_am, ALIGN_K)
@@ -47,7 +47,7 @@ def matmul_splitk_fused_kernel(
     pid_m, pid_n = tile_pid(tile, tl.cdiv(M, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
     split = tl.program_id(axis=1)
     accumulator = split_partial(a_ptr, b_ptr, pid_m, pid_n, split, M, N, K, stride_am, stride_ak, stride_bk,
-                                stride_bn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_K)
+                                stride_bn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_K, FEW_ROWS)
 
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from tilepilot.kernels.matmul_triton import aligned, tile_pid
+from tilepilot.kernels.matmul_triton import a_mask, aligned, tile_pid
 
 REDUCE_BLOCK = 1024
 REDUCE_WARPS = 4
@@ -26,15 +26,17 @@ REDUCE_WARPS = 4
 @triton.jit
 def split_partial(a_ptr, b_ptr, pid_m, pid_n, split, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                   BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr):
+                  SPLIT_K: tl.constexpr, FEW_ROWS: tl.constexpr = False):
     """Split `split`'s fp32 partial of output tile (pid_m, pid_n): the product over its range of
-    whole BLOCK_SIZE_K blocks of K (the last range may be shorter, or empty)."""
+    whole BLOCK_SIZE_K blocks of K (the last range may be shorter, or empty). A's rows past M wrap,
+    or are masked with FEW_ROWS, as in the grouped kernel (matmul_triton.py)."""
     k_blocks = tl.cdiv(K, BLOCK_SIZE_K)
     per_split = tl.cdiv(k_blocks, SPLIT_K)
     first = split * per_split
     last = min(first + per_split, k_blocks)
 
-    offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_am = offs_m if FEW_ROWS else offs_m % M
     offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     a_ptrs = a_ptr + (offs_am[:, None] * stride_am + (first * BLOCK_SIZE_K + offs_k[None, :]) * stride_ak)
@@ -43,7 +45,7 @@ def split_partial(a_ptr, b_ptr, pid_m, pid_n, split, M, N, K, stride_am, stride_
     accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(first, last):
         k_left = K - k * BLOCK_SIZE_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        a = tl.load(a_ptrs, mask=a_mask(offs_m, offs_k, k_left, M, FEW_ROWS), other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         accumulator = tl.dot(a, b, accumulator)
         a_ptrs += BLOCK_SIZE_K * stride_ak
@@ -59,7 +61,7 @@ def matmul_splitk_kernel(
     stride_bk, stride_bn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, SPLIT_K: tl.constexpr,
-    ALIGN_K: tl.constexpr, ALIGN_N: tl.constexpr,
+    ALIGN_K: tl.constexpr, ALIGN_N: tl.constexpr, FEW_ROWS: tl.constexpr = False,
 ):
     K = aligned(K, ALIGN_K)
     stride_am = aligned(stride_am, ALIGN_K)
@@ -69,7 +71,7 @@ def matmul_splitk_kernel(
                             GROUP_SIZE_M)
     split = tl.program_id(axis=1)
     accumulator = split_partial(a_ptr, b_ptr, pid_m, pid_n, split, M, N, K, stride_am, stride_ak, stride_bk,
-                                stride_bn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_K)
+                                stride_bn, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_K, FEW_ROWS)
 
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)

@@ -12,6 +12,10 @@ multiple of 16; the loads of that operand then go element by element. The host c
 alignment (K % ALIGN_K == 0, N % ALIGN_N == 0) and `aligned` restates K, N and the row strides
 so that the compiler knows it: the loads and masks become vectors of ALIGN elements again.
 
+FEW_ROWS (set by the host when M is below BLOCK_SIZE_M, the decode shapes): A's rows past M are
+masked, not wrapped. Wrapped, each program would load A's M rows BLOCK_SIZE_M / M times over, every
+program the same addresses at the same K step (at M = 1, 16 copies of one row a program).
+
 Imported only inside a worker's child process (it imports triton at module level). Set
 TRITON_INTERPRET=1 before importing it to run it under the interpreter.
 """
@@ -29,6 +33,15 @@ def aligned(x, ALIGN: tl.constexpr):
     if ALIGN > 1:
         x = x // ALIGN * ALIGN
     return x
+
+
+@triton.jit
+def a_mask(offs_m, offs_k, k_left, M, FEW_ROWS: tl.constexpr):
+    """Which elements of an A tile to load: the K columns left, and with FEW_ROWS the rows below M."""
+    mask = offs_k[None, :] < k_left
+    if FEW_ROWS:
+        mask = mask & (offs_m[:, None] < M)
+    return mask
 
 
 @triton.jit
@@ -52,7 +65,7 @@ def matmul_kernel(
     stride_cm, stride_cn,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
-    ALIGN_K: tl.constexpr = 1, ALIGN_N: tl.constexpr = 1,
+    ALIGN_K: tl.constexpr = 1, ALIGN_N: tl.constexpr = 1, FEW_ROWS: tl.constexpr = False,
 ):
     K = aligned(K, ALIGN_K)
     stride_am = aligned(stride_am, ALIGN_K)
@@ -61,8 +74,10 @@ def matmul_kernel(
     stride_cm = aligned(stride_cm, ALIGN_N)
     pid_m, pid_n = tile_pid(tl.program_id(axis=0), tl.cdiv(M, BLOCK_SIZE_M), tl.cdiv(N, BLOCK_SIZE_N), GROUP_SIZE_M)
 
-    # Tiles of A and B; rows/columns past the edge wrap around and are masked at the store.
-    offs_am = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M
+    # Tiles of A and B; rows/columns past the edge wrap around (A's rows are masked with FEW_ROWS)
+    # and are masked at the store.
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_am = offs_m if FEW_ROWS else offs_m % M
     offs_bn = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
@@ -71,7 +86,7 @@ def matmul_kernel(
     accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
         k_left = K - k * BLOCK_SIZE_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        a = tl.load(a_ptrs, mask=a_mask(offs_m, offs_k, k_left, M, FEW_ROWS), other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         accumulator = tl.dot(a, b, accumulator)
         a_ptrs += BLOCK_SIZE_K * stride_ak
