@@ -518,7 +518,7 @@ def aot_vs_jit(args: argparse.Namespace) -> dict[str, Any]:
 
     from tilepilot.kernels import get_family, matmul_triton
     from tilepilot.kernels.evaluate import Evaluator
-    from tilepilot.kernels.matmul import _constexprs, _int_args
+    from tilepilot.kernels.matmul import _int_args, _kernel
     from tilepilot.kernels.timing import GpuTimer, TimingPlan
 
     family = get_family(MATMUL)
@@ -539,7 +539,8 @@ def aot_vs_jit(args: argparse.Namespace) -> dict[str, Any]:
             aot_launch = family.launcher(problem, c, inputs, out, aot)
             grid = (-(-int(problem["M"]) // int(c["BLOCK_SIZE_M"])) * -(-int(problem["N"]) // int(c["BLOCK_SIZE_N"])),
                     1, 1)
-            kwargs = {"a_ptr": inputs[0], "b_ptr": inputs[1], "c_ptr": out, **_int_args(problem), **_constexprs(c)}
+            kwargs = {"a_ptr": inputs[0], "b_ptr": inputs[1], "c_ptr": out, **_int_args(problem),
+                      **_kernel(problem, c)[2]}  # the AOT kernel's constants, FEW_ROWS at M = 1 included
             jit_kernel = matmul_triton.matmul_kernel[grid](**kwargs, num_warps=int(c["num_warps"]),
                                                             num_stages=int(c["num_stages"]))
 
