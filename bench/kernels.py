@@ -174,38 +174,16 @@ def arm_plan(flush_l2: bool) -> Any:
 COLD_L2 = ("copies", "flush")  # --cold-l2: how a family timed cold gets a cold L2
 
 
-def cold_copies(family: Any, problem: Problem, inputs: tuple[Any, ...],
-                l2_bytes: int) -> list[tuple[tuple[Any, ...], Any]]:
-    """The (inputs, out) copies a family timed cold rotates over, as a campaign's evaluator makes
-    them (tilepilot.kernels.evaluate): enough that between two uses of one copy the others touched
-    twice the L2; `inputs` first, then clones of it. [] where they would not fit (more than
-    COLD_CAP_BYTES or half the free GPU memory): the L2 is then flushed before each launch."""
-    import torch
-
-    from tilepilot.kernels.evaluate import COLD_CAP_BYTES, MAX_COLD_COPIES, _clone, _nbytes
-    from tilepilot.kernels.timing import cold_copies_needed
-
-    out = family.make_output(problem, inputs)
-    need = cold_copies_needed(_nbytes(inputs) + _nbytes(out), l2_bytes)
-    more = (need - 1) * (_nbytes(inputs) + _nbytes(out))
-    free, _ = torch.cuda.mem_get_info()
-    if need > MAX_COLD_COPIES or more > min(COLD_CAP_BYTES, free // 2):
-        log.info("%s: %d copies (%.0f MB more) for cold timing do not fit; flushing L2 instead", problem.label(),
-                 need, more / 1e6)
-        return []
-    clones = [_clone(inputs) for _ in range(need - 1)]
-    return [(inputs, out), *((c, family.make_output(problem, c)) for c in clones)]
-
-
 class Arms:
     """Named launch closures for one problem, each checked against the reference.
 
     `cold_l2` ("copies" or "flush") says how a family timed cold (`l2_flush`) gets a cold L2:
-    "copies" rotates each config and baseline arm over copies of the data (`cold_copies`), as a
-    campaign's evaluator times (so consecutive launches read data no recent launch touched, and
-    the L2 holds the other copies' lines); "flush" zeroes a buffer twice the L2 before each launch
-    (as Triton's do_bench does), which leaves the L2 full of dirty lines that the timed kernel
-    writes back as it reads. Arms added with `add` (a probe's own launches) are flushed either way.
+    "copies" rotates each config and baseline arm over copies of the data made as a campaign's
+    evaluator makes them (tilepilot.kernels.evaluate.cold_copies), so consecutive launches read data
+    no recent launch touched and the L2 holds the other copies' lines; "flush" zeroes a buffer twice
+    the L2 before each launch (as Triton's do_bench does), which leaves the L2 full of dirty lines
+    that the timed kernel writes back as it reads. Arms added with `add` (a probe's own launches) are
+    flushed either way.
     """
 
     def __init__(self, family: Any, problem: Problem, target: Any, device: str = "cuda",
@@ -217,8 +195,12 @@ class Arms:
         self.ref = family.reference(problem, self.inputs)
         self.launches: dict[str, Callable[[], None]] = {}
         self.notes: dict[str, dict[str, Any]] = {}
-        self.copies = (cold_copies(family, problem, self.inputs, l2_bytes)
-                       if cold_l2 == "copies" and family.l2_flush and device == "cuda" else [])
+        self.copies: list[tuple[tuple[Any, ...], Any]] = []  # (inputs, out) rotated for a cold L2
+        if cold_l2 == "copies" and family.l2_flush and device == "cuda":
+            from tilepilot.kernels.evaluate import cold_copies
+
+            self.copies = cold_copies(family, problem, [self.inputs], family.make_output(problem, self.inputs),
+                                      l2_bytes)
         self.rotated: dict[str, list[Callable[[], None]]] = {}  # arm -> its launch on each copy
 
     def add(self, arm: str, make: Callable[[Any], Callable[[], None]], **note: Any) -> None:

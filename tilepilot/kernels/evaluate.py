@@ -445,29 +445,10 @@ class Evaluator:
                      data: _ProblemData) -> list[tuple[tuple[Any, ...], Any]]:
         """The (inputs, out) copies rotated for cold timing, made once per problem (see the module
         docstring); [] when they would not fit."""
-        if data.copies is not None:
-            return data.copies
-        import torch
-
-        in_bytes, out_bytes = _nbytes(data.inputs[0]), _nbytes(data.out)
-        need = cold_copies_needed(in_bytes + out_bytes, self._gpu_timer().l2_bytes)
-        new_bytes = max(0, need - len(data.inputs)) * in_bytes + (need - 1) * out_bytes
-        free, _ = torch.cuda.mem_get_info()
-        if need > MAX_COLD_COPIES or new_bytes > min(self.cold_cap_bytes, free // 2):
-            log.info("%s %s: %d copies (%.0f MB more) for cold timing do not fit; flushing L2 instead",
-                     family.name, problem.label(), need, new_bytes / 1e6)
-            data.copies = []
-            return data.copies
-        try:
-            copies = []
-            for k in range(need):
-                inputs = data.inputs[k] if k < len(data.inputs) else _clone(data.inputs[k % len(data.inputs)])
-                copies.append((inputs, data.out if k == 0 else family.make_output(problem, inputs)))
-        except torch.cuda.OutOfMemoryError:
-            copies = []
-            torch.cuda.empty_cache()
-        data.copies = copies
-        return copies
+        if data.copies is None:
+            data.copies = cold_copies(family, problem, data.inputs, data.out, self._gpu_timer().l2_bytes,
+                                      self.cold_cap_bytes)
+        return data.copies
 
     def _family(self, kernel: str, problem: Problem) -> tuple[KernelFamily, Problem]:
         family = get_family(kernel)
@@ -564,6 +545,34 @@ def _tensors(obj: Any) -> list[Any]:
 
     items = obj if isinstance(obj, (tuple, list)) else (obj,)
     return [t for t in items if isinstance(t, torch.Tensor)]
+
+
+def cold_copies(family: KernelFamily, problem: Problem, input_sets: Sequence[tuple[Any, ...]], out: Any,
+                l2_bytes: int, cap_bytes: int = COLD_CAP_BYTES) -> list[tuple[tuple[Any, ...], Any]]:
+    """The (inputs, out) copies of a problem's data rotated for cold timing: enough that between two
+    uses of one copy the others touched twice the L2 (`cold_copies_needed`); the input sets first
+    (the first with `out`), then clones of them, each with an output of its own. [] where the memory
+    they add would pass `cap_bytes` or half the free GPU memory, or runs out: the L2 is then flushed
+    before each launch instead."""
+    import torch
+
+    in_bytes, out_bytes = _nbytes(input_sets[0]), _nbytes(out)
+    need = cold_copies_needed(in_bytes + out_bytes, l2_bytes)
+    new_bytes = max(0, need - len(input_sets)) * in_bytes + (need - 1) * out_bytes
+    free, _ = torch.cuda.mem_get_info()
+    if need > MAX_COLD_COPIES or new_bytes > min(cap_bytes, free // 2):
+        log.info("%s %s: %d copies (%.0f MB more) for cold timing do not fit; flushing L2 instead",
+                 family.name, problem.label(), need, new_bytes / 1e6)
+        return []
+    try:
+        copies = []
+        for k in range(need):
+            inputs = input_sets[k] if k < len(input_sets) else _clone(input_sets[k % len(input_sets)])
+            copies.append((inputs, out if k == 0 else family.make_output(problem, inputs)))
+    except torch.cuda.OutOfMemoryError:
+        copies = []
+        torch.cuda.empty_cache()
+    return copies
 
 
 def _nbytes(obj: Any) -> int:
