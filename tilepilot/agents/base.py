@@ -149,6 +149,12 @@ class Proposer(ABC):
     def observe(self, results: Sequence[Result]) -> None:  # noqa: B027 - a no-op hook
         """Learn from finished results. The default ignores them."""
 
+    def _check_problem(self, result: Result) -> None:
+        """Refuse a result of another problem: each proposer serves one."""
+        if result.problem != self.ctx.problem:
+            raise ValueError(f"result for {result.problem.label()} given to the proposer of "
+                             f"{self.ctx.problem.label()}")
+
     def close(self) -> None:  # noqa: B027 - a no-op hook
         """Release resources (threads, studies). Called once when the campaign ends."""
 

@@ -85,9 +85,7 @@ class OptunaProposer(Proposer):
 
     def observe(self, results: Sequence[Result]) -> None:
         for r in results:
-            if r.problem != self.ctx.problem:
-                raise ValueError(f"result for {r.problem.label()} given to the proposer of "
-                                 f"{self.ctx.problem.label()}")
+            self._check_problem(r)
             if self._told.get(r.config) == r:
                 continue  # already told (through state or an earlier observe)
             trial = self._running.pop(r.config, None)

@@ -227,11 +227,6 @@ class OptunaGpProposer(OptunaProposer):
         if drops:
             self._drop(drops)
 
-    def _check_problem(self, r: Result) -> None:
-        if r.problem != self.ctx.problem:
-            raise ValueError(f"result for {r.problem.label()} given to the proposer of "
-                             f"{self.ctx.problem.label()}")
-
     def _raise_error(self) -> None:
         if self._error is not None:
             self._error_raised = True

@@ -142,9 +142,7 @@ class PortfolioProposer(Proposer):
     def observe(self, results: Sequence[Result]) -> None:
         fresh = []
         for r in results:
-            if r.problem != self.ctx.problem:
-                raise ValueError(f"result for {r.problem.label()} given to the proposer of "
-                                 f"{self.ctx.problem.label()}")
+            self._check_problem(r)
             if self._seen_results.get(r.config) == r:
                 continue
             self._seen_results[r.config] = r

@@ -182,9 +182,7 @@ class RulesProposer(Proposer):
 
     def observe(self, results: Sequence[Result]) -> None:
         for r in results:
-            if r.problem != self.ctx.problem:
-                raise ValueError(f"result for {r.problem.label()} given to the proposer of "
-                                 f"{self.ctx.problem.label()}")
+            self._check_problem(r)
             if self._results.get(r.config) == r:
                 continue
             self._results[r.config] = r
