@@ -80,8 +80,10 @@ correction of the tile model, agents/rules.py): each store problem holding what 
 campaign of STORE_BUDGET configs measured there (`Tgrid`: every recorded result). Stores
 ("scopes"): every other problem of the dataset; with `--protocol folds` the problems of the
 other three folds only; with `--history` every problem of another dataset: "other-device"
-(no `T` heads: history is read on the campaign's device only), or, where it was recorded on the
-same device, "same-device" with the dataset's other problems added (`T` heads only). Baseline in
+(for the `T` heads with the dataset's other problems added: the proposer reads the other device's
+results where it is a sibling, `roofline.SIBLINGS`, as the H200 is to the H100 SXM, and none
+elsewhere), or, where it was recorded on the same device, "same-device" with the dataset's other
+problems added (`T` heads only). Baseline in
 the same run: the fixed list of 8 chosen greedily (worst, then mean regret) on the same store.
 Regret and within-2% as in the search arm; "cold" is the rules proposer with no head.
 """
@@ -214,7 +216,8 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     """
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
-    p = make_proposer(proposer, ProposerContext(KERNEL, problem, space, seed, budget, history=history), constants)
+    ctx = ProposerContext(KERNEL, problem, space, seed, budget, device=device_of(dataset), history=history)
+    p = make_proposer(proposer, ctx, constants)
     state = SearchState()
     configs: list[Config] = []
     times: list[float | None] = []
@@ -250,6 +253,11 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     finally:
         p.close()
     return Trace(tuple(configs), tuple(times), tuple(true))
+
+
+def device_of(dataset: ReplayDataset) -> str:
+    """The device a dataset's results come from, as the replay executor names it."""
+    return " + ".join(dataset.devices)
 
 
 def best_after(trace: Trace, n: int) -> float:
@@ -659,15 +667,18 @@ _HISTORY: ReplayDataset | None = None
 class ReplayHistory:
     """A store of earlier campaigns on replay data (`HistoryReader`): each problem of `sources` (its
     dataset) holds what a `rules` campaign of `budget` configs (with `constants`) measured there, or
-    every recorded result where `budget` is None. Kernel and device are those of the datasets."""
+    every recorded result where `budget` is None, on the dataset's device. The kernel is the datasets'."""
 
     def __init__(self, sources: dict[Problem, ReplayDataset], budget: int | None,
                  constants: Constants | None) -> None:
         self.sources, self.budget, self.constants = sources, budget, constants
         self._measured: dict[Problem, list[tuple[Config, float]]] = {}
 
+    def devices(self, kernel: str) -> list[str]:
+        return sorted({device_of(d) for d in self.sources.values()})
+
     def measured_problems(self, kernel: str, device: str) -> list[Problem]:
-        return list(self.sources)
+        return [q for q, d in self.sources.items() if device_of(d) == device]
 
     def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
         if problem not in self._measured:
@@ -745,7 +756,7 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
     reader, queued = None, head
     if head.startswith("T"):
         sources = {q: store for q in others}
-        if scope == "same-device":  # the other problems of the dataset too
+        if scope in ("same-device", "other-device"):  # the other problems of the dataset too
             sources.update({q: _DATASET for q in _DATASET.problems if q != problem})
         reader = ReplayHistory(sources, None if head == "Tgrid" else STORE_BUDGET, constants)
         queued = "" if head == "Tgrid" else head[1:]
@@ -783,12 +794,11 @@ def history_scopes(dataset: ReplayDataset, history: ReplayDataset | None,
 
 
 def _runs(head: str, scope: str) -> bool:
-    """Whether a head runs in a scope: the T heads (history read by the proposer) on the campaign's
-    own device only; with another dataset of that device as the store ("same-device", which adds
-    the dataset's other problems to it), the T heads only."""
-    if head.startswith("T"):
-        return scope != "other-device"
-    return scope != "same-device"
+    """Whether a head runs in a scope: with another dataset of the campaign's device as the store
+    ("same-device"), the T heads only (history read by the proposer); with one of another device
+    ("other-device"), every head: the T heads read its results with the dataset's other problems
+    (the proposer reads a sibling device's, `roofline.SIBLINGS`), the others take its winners."""
+    return head.startswith("T") or scope != "same-device"
 
 
 def run_history(args: argparse.Namespace) -> dict[str, Any]:
@@ -844,7 +854,8 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
         "seeds": seeds, "heads": list(heads), "near_cover": NEAR_COVER,
         "scopes": {s: "store: " + {"other-problems": "every other problem of the dataset",
                                   "other-folds": "the problems of the other three folds",
-                                  "other-device": f"every problem of {args.history}",
+                                  "other-device": f"every problem of {args.history} (T heads: and every "
+                                                  "other problem of the dataset)",
                                   "same-device": f"every problem of {args.history} and every other problem "
                                                  "of the dataset (T heads)"}[s] for s in scopes},
         "results": out,

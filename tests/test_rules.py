@@ -13,7 +13,7 @@ import pytest
 
 from tests.proposer_toys import ENV, drive
 from tilepilot.agents.base import ProposerContext, SearchState
-from tilepilot.agents.roofline import H100_SXM, problem_roofline
+from tilepilot.agents.roofline import H100_SXM, problem_roofline, siblings
 from tilepilot.agents.rules import RulesProposer, RulesSettings
 from tilepilot.agents.rules_text import describe
 from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, estimate
@@ -371,18 +371,26 @@ def test_configs_that_differ_only_in_an_inert_parameter_come_after_every_other()
 
 # ---- history: the nearest problem of the store in this problem's regime corrects the model ----------
 class History:
-    """A store's results as the driver hands them to a proposer (`HistoryReader`), from a dict."""
+    """A store's results as the driver hands them to a proposer (`HistoryReader`), from a dict: those
+    of the campaign's device (""), and of other devices in `elsewhere`."""
 
-    def __init__(self, results: dict[Problem, dict[Config, float]]) -> None:
+    def __init__(self, results: dict[Problem, dict[Config, float]],
+                 elsewhere: dict[str, dict[Problem, dict[Config, float]]] | None = None, device: str = "") -> None:
+        self.by_device = {device: results, **(elsewhere or {})}
         self.results = results
         self.asked: list[Problem] = []
+        self.asked_on: list[tuple[Problem, str]] = []
+
+    def devices(self, kernel: str) -> list[str]:
+        return sorted(d for d, results in self.by_device.items() if results)
 
     def measured_problems(self, kernel: str, device: str) -> list[Problem]:
-        return list(self.results)
+        return list(self.by_device.get(device, {}))
 
     def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
         self.asked.append(problem)
-        return list(self.results[problem].items())
+        self.asked_on.append((problem, device))
+        return list(self.by_device[device][problem].items())
 
 
 NEAR = Problem.of({"M": 4096, "N": 4096, "K": 2048, "dtype": "bf16"})  # vectorised, like SQUARE
@@ -390,8 +398,9 @@ FAR = Problem.of({"M": 512, "N": 512, "K": 512, "dtype": "bf16"})  # vectorised,
 ELEMENT_WISE = Problem.of({"M": 4096, "N": 4096, "K": 4100, "dtype": "bf16"})  # A element by element
 
 
-def with_history(history: History, problem: Problem = SQUARE) -> RulesProposer:
-    return RulesProposer(ProposerContext("matmul", problem, UNCHECKED, seed=0, budget=200, history=history))
+def with_history(history: History, problem: Problem = SQUARE, device: str = "") -> RulesProposer:
+    return RulesProposer(ProposerContext("matmul", problem, UNCHECKED, seed=0, budget=200, device=device,
+                                         history=history))
 
 
 def _slow_wide_tiles(problem: Problem) -> dict[Config, float]:
@@ -442,6 +451,52 @@ def test_the_problems_own_earlier_results_come_before_any_other_problems() -> No
     assert history.asked == [SQUARE]
     assert p.drain_records().notes == (f"rules: the tile model for {SQUARE.label()} corrected by its own "
                                        f"{len(history.results[SQUARE])} earlier results",)
+
+
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+
+
+def test_the_h100_sxm_and_the_h200_are_siblings_and_other_devices_are_not() -> None:
+    assert siblings(H100, H200) and siblings(H200, "NVIDIA H100 SXM5 80GB") and siblings("NVIDIA H200 NVL", H100)
+    assert not siblings(H200, H200)  # a device is itself, not its sibling
+    assert not siblings("NVIDIA H100 PCIe", H200)  # 114 SMs
+    assert not siblings("NVIDIA A100-SXM4-80GB", H200) and not siblings("", H200)  # unknown: none
+
+
+def test_a_sibling_devices_results_correct_the_model_where_its_own_device_has_none() -> None:
+    history = History({}, {H100: {NEAR: _slow_wide_tiles(NEAR)}}, device=H200)
+    p = with_history(history, device=H200)
+    warm = p.propose(SearchState(), 4)
+    assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in warm), [c.config.label() for c in warm]
+    assert history.asked_on == [(NEAR, H100)]
+    assert f"by the results of {NEAR.label()} on the {H100}" in warm[0].rationale
+    assert p.drain_records().notes == (
+        f"rules: the tile model for {SQUARE.label()} corrected by {len(history.by_device[H100][NEAR])} results "
+        f"of {NEAR.label()} on the {H100}, the nearest problem the store holds with vectorised operands",)
+
+
+def test_another_chips_results_are_not_read() -> None:
+    for campaign_device, store_device in ((H200, "NVIDIA A100-SXM4-80GB"), ("NVIDIA A100-SXM4-80GB", H200),
+                                          ("", H100)):
+        history = History({}, {store_device: {NEAR: _slow_wide_tiles(NEAR)}}, device=campaign_device)
+        p = with_history(history, device=campaign_device)
+        assert [c.config for c in p.propose(SearchState(), 6)] == [c.config for c in rules().propose(SearchState(), 6)]
+        assert history.asked == [] and not p.drain_records().notes
+
+
+def test_a_siblings_results_count_one_unit_farther_than_the_devices_own() -> None:
+    # NEAR is 1 from SQUARE (K halved): on the campaign's device it ties SQUARE's own results on the
+    # sibling (0, and 1 for the device), and the campaign's device goes first
+    history = History({NEAR: _slow_wide_tiles(NEAR)}, {H100: {SQUARE: _slow_wide_tiles(SQUARE)}}, device=H200)
+    with_history(history, device=H200).propose(SearchState(), 1)
+    assert history.asked_on == [(NEAR, H200)]
+    # FAR (3 in each of M, N and K) is farther than the sibling's SQUARE
+    history = History({FAR: _slow_wide_tiles(FAR)}, {H100: {SQUARE: _slow_wide_tiles(SQUARE)}}, device=H200)
+    p = with_history(history, device=H200)
+    p.propose(SearchState(), 1)
+    assert history.asked_on == [(SQUARE, H100)]
+    assert p.drain_records().notes[0].endswith(f"corrected by its own {len(history.by_device[H100][SQUARE])} "
+                                               f"earlier results on the {H100}")
 
 
 def test_a_store_problem_with_more_results_than_the_gp_takes_is_read_every_kth(monkeypatch: pytest.MonkeyPatch) -> None:

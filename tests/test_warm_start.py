@@ -86,13 +86,13 @@ def test_warm_candidates_fit_the_space_apply_learnings_and_respect_the_budget():
 
 
 # ---- campaigns -----------------------------------------------------------------------------------
-def write_three(path: Path) -> Path:
+def write_three(path: Path, device: str = "synthetic device") -> Path:
     lines = []
     for p in (P1, P2, P3):
         for values in itertools.product(*GRID.values()):
             c = dict(zip(GRID, values, strict=True))
             lines.append(json.dumps({"kernel": "matmul", "problem": p, "config": c, "status": "ok",
-                                     "median_ms": synthetic_ms(p, c), "device": "synthetic device",
+                                     "median_ms": synthetic_ms(p, c), "device": device,
                                      "torch": "0.0", "triton": "0.0"}))
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -208,6 +208,7 @@ def test_the_store_hands_a_rules_campaign_the_results_of_nearby_problems_unless_
         assert sorted(p.label() for p in store.measured_problems("matmul", "synthetic device")) == sorted(
             problem(p).label() for p in (P1, P2))
         assert store.measured_problems("matmul", "another device") == []
+        assert store.devices("matmul") == ["synthetic device"] and store.devices("softmax") == []
         measured = store.measured("matmul", "synthetic device", problem(P1))
         assert len(measured) == 8 and all(ms == synthetic_ms(P1, dict(c)) for c, ms in measured)
     tune(TuneOptions(campaign=write_campaign(root / "b.toml", "b", [P3], proposer="rules"), backend="replay",
@@ -222,6 +223,25 @@ def test_the_store_hands_a_rules_campaign_the_results_of_nearby_problems_unless_
                  "--dataset", str(setup["dataset"]), "--db", str(db), "--cold"])
     assert code == 0, capsys.readouterr().err
     assert not [t for t in trials(db, "c") if "by the results of" in t[1]]
+
+
+def test_a_campaign_on_an_h200_reads_the_h100s_results_and_one_on_another_chip_does_not(tmp_path: Path):
+    h100 = "NVIDIA H100 80GB HBM3"
+    db = tmp_path / "t.db"
+    tune(TuneOptions(campaign=write_campaign(tmp_path / "a.toml", "a", [P1], proposer="rules"), backend="replay",
+                     dataset=write_three(tmp_path / "h100.jsonl", h100), db=db, cold=True))
+    for name, device, read in (("b", "NVIDIA H200", True), ("c", "NVIDIA A100-SXM4-80GB", False)):
+        tune(TuneOptions(campaign=write_campaign(tmp_path / f"{name}.toml", name, [P3], proposer="rules"),
+                         backend="replay", dataset=write_three(tmp_path / f"{name}.jsonl", device), db=db))
+        with Store(db) as store:
+            row = store.get_campaign(name)
+            assert row is not None
+            notes = [m for (m,) in store.db.execute(
+                "SELECT message FROM events WHERE kind = 'proposer' AND campaign_id = ?", [row.id])]
+        assert notes == ([f"rules: the tile model for M=1024 N=512 K=512 fp16 corrected by 8 results of "
+                          f"M=512 N=512 K=512 fp16 on the {h100}, the nearest problem the store holds with "
+                          "vectorised operands"] if read else []), name
+        assert not [t for t in trials(db, name) if t[0] == "warm-start"]  # winners: the device's own only
 
 
 def test_a_proposer_that_predicts_takes_first_only_the_winners_it_predicts_no_slower_than_its_own_pick():

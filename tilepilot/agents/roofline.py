@@ -7,6 +7,7 @@ device, so `H100_SXM` is the assumption every prediction makes.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tilepilot.experiments import Problem
@@ -55,6 +56,26 @@ H100_SXM = Device(
     max_blocks_per_sm=32,
     source="cuBLAS-measured ceilings 783 TFLOP/s and 1671 GB/s; datasheet limits",
 )
+
+
+# Devices whose tile-model errors one another's results may stand for: the same chip with the same
+# SMs, shared memory and registers, where only the memory differs (the H200 is the H100 SXM's GH100
+# with HBM3e). On the recorded grids the H100's results correct the model for the H200's problems as
+# well as the H200's own (README, "The store corrects the model"). Matched on the name NVML reports.
+SIBLINGS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("GH100, 132 SMs", re.compile(r"\bH100 (80GB HBM3|SXM)|\bH200\b")),
+)
+
+
+def sibling_group(device: str) -> str | None:
+    """The group of `device` in `SIBLINGS`, None for a device in none (it has no siblings)."""
+    return next((name for name, pattern in SIBLINGS if pattern.search(device)), None)
+
+
+def siblings(a: str, b: str) -> bool:
+    """Whether two different devices are in one group of `SIBLINGS`."""
+    group = sibling_group(a)
+    return a != b and group is not None and group == sibling_group(b)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,9 @@ fastest configs all have 4.
 History: where the store holds results of a problem whose operands load the same way (the
 tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both element by
 element), the nearest such problem (log-shape distance; the problem itself, from an earlier
-campaign, where the store has it) corrects the model before this problem's first result: its
+campaign, where the store has it) corrects the model before this problem's first result. Results
+of a sibling device (`roofline.SIBLINGS`: the same chip with other memory, as the H200 is to the
+H100 SXM) count too, one unit farther (in quadrature, as a differing element size). The source's
 residuals (log measured over modelled, less their median) fitted by a GP with the noise
 `TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
 problems of one regime: with constants fitted on neither, the element-wise 1500x1500x1500 and
@@ -56,7 +58,7 @@ import numpy as np
 
 from tilepilot.agents.base import Proposer, ProposerContext, ProposerRecords, SearchState
 from tilepilot.agents.residual_gp import GpSettings, ResidualGp
-from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline
+from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline, siblings
 from tilepilot.agents.rules_text import describe
 from tilepilot.agents.tile_model import (
     ALIASES,
@@ -126,7 +128,8 @@ class RulesProposer(Proposer):
         self._picks = 0  # proposals made, for the local-step rhythm
         self._bad_shapes: set[tuple[int, int, int, int]] = set()
         self._transfer: ResidualGp | None = None  # the GP over the source problem's residuals
-        self._source: tuple[Problem, int] | None = None  # the problem the correction comes from, its results
+        # the problem the correction comes from, its results, and the sibling device they ran on ("": this one)
+        self._source: tuple[Problem, int, str] | None = None
         self._shifts: dict[Config, float] = {}  # the correction of each config asked for
         self._transfer_read = False
         self._notes: list[str] = []
@@ -204,7 +207,7 @@ class RulesProposer(Proposer):
                 continue  # no model and nothing measured: no prediction
             predicted = math.exp(self._log_model(config) + float(mean))
             basis = ("tile model" if self.estimate(config) is not None else "measured neighbours") + (
-                f" with the results of {self._source[0].label()}" if self._source is not None else "") + (
+                f" with the results of {self._source_label()}" if self._source is not None else "") + (
                 f" corrected by {len(xs)} result{'s' if len(xs) != 1 else ''}" if xs else ", nothing measured yet")
             reason = f"rules predicts {predicted:.3g} ms ({basis})"
             penalty = self._penalty(config)
@@ -304,12 +307,14 @@ class RulesProposer(Proposer):
         if history is None or not self._modelled:
             return
         kernel, device, regime = self.ctx.kernel, self.ctx.device, element_wise_operands(p)
-        alike = [q for q in history.measured_problems(kernel, device)
+        devices = [device, *(d for d in history.devices(kernel) if siblings(device, d))]
+        alike = [(q, d) for d in devices for q in history.measured_problems(kernel, d)
                  if gemm_dims(q) is not None and element_wise_operands(q) == regime]
-        for q in sorted(alike, key=lambda q: (_shape_distance(p, q), q.key())):
+        for q, on in sorted(alike, key=lambda qd: (_source_distance(p, device, *qd), qd[1] != device, qd[0].key(),
+                                                   qd[1])):
             xs: list[tuple[float, ...]] = []
             ys: list[float] = []
-            measured = history.measured(kernel, device, q)
+            measured = history.measured(kernel, on, q)
             stride = math.ceil(len(measured) / TRANSFER_MAX_RESULTS) if measured else 1
             for config, ms in sorted(measured, key=lambda m: m[0].key())[::stride]:
                 x, tile = self._coords(config), tile_of(config)
@@ -326,12 +331,19 @@ class RulesProposer(Proposer):
             gp = ResidualGp(GpSettings(lengthscales=s.lengthscales, signal_var=s.signal_var, offset_var=0.0,
                                        noise_var=TRANSFER_NOISE_VAR))
             gp.fit(xs, [y - middle for y in ys])
-            self._transfer, self._source = gp, (q, len(ys))
+            self._transfer, self._source = gp, (q, len(ys), "" if on == device else on)
             loads = ", ".join(regime) + " element by element" if regime else "vectorised operands"
-            source = (f"its own {len(ys)} earlier results" if q == p else
-                      f"{len(ys)} results of {q.label()}, the nearest problem the store holds with {loads}")
+            where = "" if on == device else f" on the {on}"
+            source = (f"its own {len(ys)} earlier results{where}" if q == p else
+                      f"{len(ys)} results of {q.label()}{where}, the nearest problem the store holds with {loads}")
             self._notes.append(f"rules: the tile model for {p.label()} corrected by {source}")
             return
+
+    def _source_label(self) -> str:
+        """The problem the history's correction comes from, with the sibling device it ran on if any."""
+        assert self._source is not None
+        problem, _, on = self._source
+        return problem.label() + (f" on the {on}" if on else "")
 
     def _shift(self, config: Config) -> float:
         """The history's correction of the model's log-time for a config (0 without one)."""
@@ -584,7 +596,7 @@ class RulesProposer(Proposer):
         else:
             reason = describe(est, self.roofline, self.device) + self._device_note
         if self._source is not None and est is not None and abs(shift := self._shift(config)) >= 0.01:
-            reason += f"; model ×{math.exp(shift):.2f} by the results of {self._source[0].label()}"
+            reason += f"; model ×{math.exp(shift):.2f} by the results of {self._source_label()}"
         learned, by = self._learned_shift(config) if est is not None else (0.0, "")
         if learned >= 0.01:
             reason += f"; ranked ×{math.exp(learned):.2f} slower by {by}"
@@ -687,6 +699,13 @@ def _shape_distance(a: Problem, b: Problem) -> float:
     assert da is not None and db is not None
     d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:3], db[:3], strict=True))
     return math.sqrt(d2 + (da[3] != db[3]))
+
+
+def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
+    """How far the results of `q` measured on `on` stand from `p` on `device`: their shape distance,
+    and 1 more (in quadrature, as a differing element size) where the device is a sibling."""
+    d = _shape_distance(p, q)
+    return d if on == device else math.sqrt(d * d + 1.0)
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]

@@ -761,6 +761,9 @@ class LedgerView:
     def learnings(self, *, kernel: str | None = None, device: str | None = None) -> list[LearningRow]:
         return self._store.learnings(kernel=kernel, device=device)
 
+    def devices(self, kernel: str) -> list[str]:
+        return self._store.devices(kernel)
+
     def measured_problems(self, kernel: str, device: str) -> list[Problem]:
         return self._store.measured_problems(kernel, device)
 

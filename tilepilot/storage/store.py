@@ -635,6 +635,13 @@ class Store:
         return [WinnerSource(Problem.of(loads(r["problem"])), Config.of(loads(r["config"])), float(r["median_ms"]),
                              r["campaign"], r["torch"], r["triton"], float(r["decided_at"])) for r in rows]
 
+    def devices(self, kernel: str) -> list[str]:
+        """The devices with at least one `ok` result of `kernel`, by name."""
+        rows = self._rows(
+            "SELECT DISTINCT e.device FROM experiments e JOIN results r ON r.experiment_key = e.key "
+            "WHERE e.kernel = ? AND r.status = ? AND r.median_ms IS NOT NULL ORDER BY e.device", [kernel, "ok"])
+        return [str(r["device"]) for r in rows]
+
     def measured_problems(self, kernel: str, device: str) -> list[Problem]:
         """The problems of `kernel` with at least one `ok` result measured on `device`, by key."""
         rows = self._rows(
