@@ -19,6 +19,7 @@ GPU_BENCHMARKS = [
     ("decode_probe.py", []), ("align_probe.py", []), ("cluster_probe.py", []), ("ctas_probe.py", []),
     ("hostdesc_probe.py", []), ("store_probe.py", []), ("ws_probe.py", []), ("remeasure_probe.py", []),
     ("multicast_probe.py", []), ("pad_probe.py", []), ("group_probe.py", []),
+    ("sibling_gpu.py", ["--work", "sibling-work-never-made"]),
 ]
 
 
