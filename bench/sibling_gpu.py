@@ -2,10 +2,10 @@
 
 `rules` corrects its tile model by the store's nearest problem whose operands load the same way,
 measured on the campaign's device or on a sibling (agents/rules.py, `roofline.SIBLINGS`: the H100
-SXM and the H200). The recorded grids hold one pair of problems whose B operand loads element by
-element, one on each device: 1000x3000x2000 bf16 on the H100 (data/replay/matmul-h100.jsonl.gz) and
-512x32001x4096 bf16 on the H200 (data/replay/matmul-h200.jsonl.gz). Neither grid holds another
-problem of that regime, so a campaign on one of them can be corrected only by the other device's
+SXM and the H200). The H100 grid and the H200 grid each hold one problem whose B operand loads
+element by element: 1000x3000x2000 bf16 on the H100 (data/replay/matmul-h100.jsonl.gz) and
+512x32001x4096 bf16 on the H200 (data/replay/matmul-h200.jsonl.gz). With no other problem of that
+regime in the store, a campaign on one of them can be corrected only by the other device's
 results. On the GPU this runs on, with the other device's problem as the source:
 
 1. `cold`: this device's problem, the default proposer (portfolio), 8 configs, an empty store;
