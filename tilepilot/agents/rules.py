@@ -310,8 +310,11 @@ class RulesProposer(Proposer):
         devices = [device, *(d for d in history.devices(kernel) if siblings(device, d))]
         alike = [(q, d) for d in devices for q in history.measured_problems(kernel, d)
                  if gemm_dims(q) is not None and element_wise_operands(q) == regime]
-        for q, on in sorted(alike, key=lambda qd: (_source_distance(p, device, *qd), qd[1] != device, qd[0].key(),
-                                                   qd[1])):
+        def rank(source: tuple[Problem, str]) -> tuple[float, bool, str, str]:
+            q, on = source  # nearest first; at equal distance this device's results, then by key
+            return _source_distance(p, device, q, on), on != device, q.key(), on
+
+        for q, on in sorted(alike, key=rank):
             xs: list[tuple[float, ...]] = []
             ys: list[float] = []
             measured = history.measured(kernel, on, q)
@@ -335,7 +338,7 @@ class RulesProposer(Proposer):
             loads = ", ".join(regime) + " element by element" if regime else "vectorised operands"
             where = "" if on == device else f" on the {on}"
             source = (f"its own {len(ys)} earlier results{where}" if q == p else
-                      f"{len(ys)} results of {q.label()}{where}, the nearest problem the store holds with {loads}")
+                      f"{len(ys)} results of {self._source_label()}, the nearest problem the store holds with {loads}")
             self._notes.append(f"rules: the tile model for {p.label()} corrected by {source}")
             return
 
