@@ -310,6 +310,7 @@ class RulesProposer(Proposer):
         devices = [device, *(d for d in history.devices(kernel) if siblings(device, d))]
         alike = [(q, d) for d in devices for q in history.measured_problems(kernel, d)
                  if gemm_dims(q) is not None and element_wise_operands(q) == regime]
+
         def rank(source: tuple[Problem, str]) -> tuple[float, bool, str, str]:
             q, on = source  # nearest first; at equal distance this device's results, then by key
             return _source_distance(p, device, q, on), on != device, q.key(), on
