@@ -216,7 +216,7 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     """
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
-    ctx = ProposerContext(KERNEL, problem, space, seed, budget, device=device_of(dataset), history=history)
+    ctx = ProposerContext(KERNEL, problem, space, seed, budget, device=dataset.device, history=history)
     p = make_proposer(proposer, ctx, constants)
     state = SearchState()
     configs: list[Config] = []
@@ -253,11 +253,6 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     finally:
         p.close()
     return Trace(tuple(configs), tuple(times), tuple(true))
-
-
-def device_of(dataset: ReplayDataset) -> str:
-    """The device a dataset's results come from, as the replay executor names it."""
-    return " + ".join(dataset.devices)
 
 
 def best_after(trace: Trace, n: int) -> float:
@@ -675,10 +670,10 @@ class ReplayHistory:
         self._measured: dict[Problem, list[tuple[Config, float]]] = {}
 
     def devices(self, kernel: str) -> list[str]:
-        return sorted({device_of(d) for d in self.sources.values()})
+        return sorted({d.device for d in self.sources.values()})
 
     def measured_problems(self, kernel: str, device: str) -> list[Problem]:
-        return [q for q, d in self.sources.items() if device_of(d) == device]
+        return [q for q, d in self.sources.items() if d.device == device]
 
     def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
         if problem not in self._measured:

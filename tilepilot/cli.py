@@ -197,7 +197,7 @@ def _estimate_plan(p: Any, db_path: Path) -> Any:
 def _plan_device(p: Any) -> tuple[str | None, str | None]:
     """The device and kernel version a planned campaign will record (None: not known before it starts)."""
     if p.backend == "replay":
-        return " + ".join(p.dataset.devices), p.dataset.identity
+        return p.dataset.device, p.dataset.identity
     if p.backend == "interpret":
         return "cpu (Triton interpreter)", p.family.kernel_version()
     from tilepilot.kernels.telemetry import nvml_available, sample_all

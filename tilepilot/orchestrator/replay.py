@@ -74,6 +74,11 @@ class ReplayDataset:
     def devices(self) -> list[str]:
         return sorted({r.env.device for recs in self._by_problem.values() for r in recs.values()})
 
+    @property
+    def device(self) -> str:
+        """The device a campaign on this dataset runs as: its devices, joined by " + "."""
+        return " + ".join(self.devices)
+
     def records(self, problem: Problem) -> dict[Config, Record]:
         try:
             return self._by_problem[problem]

@@ -14,10 +14,9 @@ class ReplayExecutor(Executor):
 
     def __init__(self, dataset: ReplayDataset, *, slots: int = 4) -> None:
         self.dataset = dataset
-        devices = dataset.devices
         first = next(iter(dataset.records(dataset.problems[0]).values()))
         self.environment = Environment(
-            backend="replay", device=" + ".join(devices), torch=first.env.torch,
+            backend="replay", device=dataset.device, torch=first.env.torch,
             triton=first.env.triton, driver=first.env.driver)
         self.kernel_version = dataset.identity
         self._slots = slots
