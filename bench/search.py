@@ -829,7 +829,8 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
                     reach.setdefault(label[key], []).append(n)
             rows[head or "cold"] = {"regret": summarise_regret(regret, labels),
                                     "to_2pct": summarise_reach(reach, labels),
-                                    "per_problem": {lb: statistics.fmean(v) for lb, v in regret.items()}}
+                                    "per_problem": {lb: statistics.fmean(v) for lb, v in regret.items()},
+                                    "to_2pct_per_problem": {lb: statistics.median(v) for lb, v in reach.items()}}
         fixed = {}
         for p in dataset.problems:
             chosen = greedy_list(regret_table(store, [q for q in store.problems if q.key() in others[p.key()]]),
