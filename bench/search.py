@@ -83,7 +83,9 @@ other three folds only; with `--history` every problem of another dataset: "othe
 (for the `T` heads with the dataset's other problems added: the proposer reads the other device's
 results where it is a sibling, `roofline.SIBLINGS`, as the H200 is to the H100 SXM, and none
 elsewhere), or, where it was recorded on the same device, "same-device" with the dataset's other
-problems added (`T` heads only). Baseline in
+problems added (`T` heads only); with several (`--history A,B,...`, as a store that has seen every
+recorded grid), "stores": every problem of each and the dataset's other problems (`T` heads only,
+the winners they queue first those of the campaign's device, as warm start takes them). Baseline in
 the same run: the fixed list of 8 chosen greedily (worst, then mean regret) on the same store.
 Regret and within-2% as in the search arm; "cold" is the rules proposer with no head.
 """
@@ -118,7 +120,7 @@ from tilepilot.agents.portfolio import PortfolioProposer, PortfolioSettings
 from tilepilot.agents.registry import get_proposer
 from tilepilot.agents.rules import RulesProposer
 from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants
-from tilepilot.experiments import Candidate, Config, Problem, Result, Status
+from tilepilot.experiments import Candidate, Config, InputError, Problem, Result, Status
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
 from tilepilot.orchestrator.warm_start import by_prediction, warm_candidates
@@ -656,7 +658,32 @@ HEADS = ("", "warm", "n", "cc", "cccc", "ssss", "rrrrss", "rrrrssss", "rrrrnn", 
 NEAR_COVER = 8
 HISTORY_BUDGET = 8
 STORE_BUDGET = 32
-_HISTORY: ReplayDataset | None = None
+_HISTORY: ReplayDataset | None = None  # --history: its datasets as one (merge)
+_SOURCE: dict[Problem, ReplayDataset] = {}  # each --history problem -> the dataset it was recorded in
+STORES = "stores"  # the scope of several --history datasets
+
+
+def merge(datasets: Sequence[ReplayDataset]) -> ReplayDataset:
+    """Several datasets of one kernel as one (a problem may be in one of them only); its devices are
+    theirs, so a campaign is driven on the dataset a problem came from (`_SOURCE`), never on this."""
+    if len(datasets) == 1:
+        return datasets[0]
+    seen: dict[Problem, str] = {}
+    for d in datasets:
+        for q in d.problems:
+            if q in seen:
+                raise InputError(f"--history: {q.label()} is in both {seen[q]} and {d.path.name} (a problem "
+                                 "may be in one of the datasets only)")
+            seen[q] = d.path.name
+    records = [r for d in datasets for q in d.problems for r in d.records(q).values()]
+    return ReplayDataset(Path("+".join(d.path.name for d in datasets)), datasets[0].kernel, records,
+                         "+".join(d.identity for d in datasets))
+
+
+def load_history(paths: str) -> tuple[ReplayDataset | None, dict[Problem, ReplayDataset]]:
+    """--history A[,B...]: the datasets as one, and the dataset each problem came from."""
+    datasets = [load_dataset(p, get_family(KERNEL)) for p in paths.split(",") if p]
+    return (merge(datasets) if datasets else None), {q: d for d in datasets for q in d.problems}
 
 
 class ReplayHistory:
@@ -742,7 +769,8 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
     """(scope, head, problem, seed) -> best regret after HISTORY_BUDGET configs, configs to reach 2%."""
     scope, head, key, seed, others_keys, constants = args
     assert _DATASET is not None
-    store = _HISTORY if scope in ("other-device", "same-device") else _DATASET
+    history = scope in ("other-device", "same-device", STORES)
+    store = _HISTORY if history else _DATASET
     assert store is not None
     problem = next(p for p in _DATASET.problems if p.key() == key)
     others = [q for q in store.problems if q.key() in others_keys]
@@ -750,11 +778,15 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
     full = len(_DATASET.records(problem))
     reader, queued = None, head
     if head.startswith("T"):
-        sources = {q: store for q in others}
-        if scope in ("same-device", "other-device"):  # the other problems of the dataset too
+        sources = {q: _SOURCE[q] if history else store for q in others}
+        if history:  # the other problems of the dataset too
             sources.update({q: _DATASET for q in _DATASET.problems if q != problem})
         reader = ReplayHistory(sources, None if head == "Tgrid" else STORE_BUDGET, constants)
         queued = "" if head == "Tgrid" else head[1:]
+    if scope == STORES:  # the winners queued first: of the campaign's device only, as warm start takes them
+        own = [q for q in others if _SOURCE[q].device == _DATASET.device]
+        store = merge([_DATASET, *{id(_SOURCE[q]): _SOURCE[q] for q in own}.values()])
+        others = own + [q for q in _DATASET.problems if q != problem]
     bounded = queued == "warm"  # as the driver queues a warm start; "warmall": all of it first (before)
     at = drive(_DATASET, problem, "rules", seed, HISTORY_BUDGET, constants, history=reader, bounded=bounded,
                first=history_head(problem, queued, store, others, HISTORY_BUDGET, constants) if queued else ())
@@ -766,14 +798,15 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
 
 
 def _init_history(path: str, history: str, batch: int = 4) -> None:
-    global _HISTORY
+    global _HISTORY, _SOURCE
     _init(path, batch=batch)
-    _HISTORY = load_dataset(history, get_family(KERNEL)) if history else None
+    _HISTORY, _SOURCE = load_history(history)
 
 
-def history_scopes(dataset: ReplayDataset, history: ReplayDataset | None,
-                   protocol: str) -> dict[str, dict[str, tuple[str, ...]]]:
-    """scope -> problem key -> the keys of the store problems it may read (never its own)."""
+def history_scopes(dataset: ReplayDataset, history: ReplayDataset | None, protocol: str,
+                   several: bool = False) -> dict[str, dict[str, tuple[str, ...]]]:
+    """scope -> problem key -> the keys of the store problems it may read (never its own); `several`:
+    the history is several datasets (`merge`), the scope STORES."""
     keys = [p.key() for p in dataset.problems]
     scopes = {"other-problems": {k: tuple(q for q in keys if q != k) for k in keys}}
     if protocol == "folds":
@@ -783,8 +816,8 @@ def history_scopes(dataset: ReplayDataset, history: ReplayDataset | None,
         scopes["other-folds"] = {k: tuple(q for q in keys if fold_of[label[q]] != fold_of[label[k]]) for k in keys}
     if history is not None:
         same = set(history.devices) == set(dataset.devices)
-        scopes["same-device" if same else "other-device"] = {k: tuple(q.key() for q in history.problems)
-                                                             for k in keys}
+        name = STORES if several else "same-device" if same else "other-device"
+        scopes[name] = {k: tuple(q.key() for q in history.problems) for k in keys}
     return scopes
 
 
@@ -792,15 +825,19 @@ def _runs(head: str, scope: str) -> bool:
     """Whether a head runs in a scope: with another dataset of the campaign's device as the store
     ("same-device"), the T heads only (history read by the proposer); with one of another device
     ("other-device"), every head: the T heads read its results with the dataset's other problems
-    (the proposer reads a sibling device's, `roofline.SIBLINGS`), the others take its winners."""
-    return head.startswith("T") or scope != "same-device"
+    (the proposer reads a sibling device's, `roofline.SIBLINGS`), the others take its winners; with
+    several (STORES), the T heads only, their winners those of the campaign's device."""
+    return head.startswith("T") or scope not in ("same-device", STORES)
 
 
 def run_history(args: argparse.Namespace) -> dict[str, Any]:
     heads = ("", *args.heads.split(",")) if args.heads else HEADS
     dataset = load_dataset(args.dataset, get_family(KERNEL))
-    history = load_dataset(args.history, get_family(KERNEL)) if args.history else None
-    scopes = history_scopes(dataset, history, args.protocol)
+    history, _ = load_history(args.history or "")
+    if history is not None and (shared := [q.label() for q in dataset.problems if q in set(history.problems)]):
+        raise InputError(f"--history {args.history}: holds {shared[0]} of --dataset {args.dataset} too (the store "
+                         "may hold only other problems)")
+    scopes = history_scopes(dataset, history, args.protocol, several="," in (args.history or ""))
     labels = [p.label() for p in dataset.problems]
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
@@ -815,7 +852,7 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
     label = {p.key(): p.label() for p in dataset.problems}
     out: dict[str, Any] = {}
     for scope, others in scopes.items():
-        store = history if scope in ("other-device", "same-device") else dataset
+        store = history if scope in ("other-device", "same-device", STORES) else dataset
         assert store is not None
         rows: dict[str, Any] = {}
         for head in heads:
@@ -853,7 +890,10 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
                                   "other-device": f"every problem of {args.history} (T heads: and every "
                                                   "other problem of the dataset)",
                                   "same-device": f"every problem of {args.history} and every other problem "
-                                                 "of the dataset (T heads)"}[s] for s in scopes},
+                                                 "of the dataset (T heads)",
+                                  STORES: f"every problem of {args.history} and every other problem of the "
+                                          "dataset (T heads; the winners queued first: of the campaign's "
+                                          "device only)"}[s] for s in scopes},
         "results": out,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
@@ -878,7 +918,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arm", choices=("search", "warm", "history"), default="search",
                    help="search: every proposer's efficiency; warm: warm start against a cold start; "
                         "history: rules with history-first heads at 8 configs")
-    p.add_argument("--history", help="--arm history: a dataset of another device read as the store")
+    p.add_argument("--history", help="--arm history: a dataset of other problems read as the store (several: "
+                                     "A,B,...: the scope \"stores\")")
     p.add_argument("--heads", help=f"--arm history: which heads besides cold (default: all of "
                                    f"{','.join(h for h in HEADS if h)})")
     p.add_argument("--kernel", default="matmul",
@@ -905,7 +946,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.noise and args.arm != "search":
         p.error(f"--noise {args.noise}: only for --arm search")
     BATCH, NOISE = args.batch, args.noise
-    from tilepilot.experiments import InputError
     from tilepilot.kernels import family_names
     from tilepilot.orchestrator.replay import default_dataset
 

@@ -109,3 +109,45 @@ def test_noise_spreads_each_time_by_a_draw_of_the_seed_problem_and_config_and_th
     trace = search.Trace((a.config, b.config, a.config), (1.0, 0.9, 1.1), (1.0, 1.2, 0.8))
     assert search.declared(trace) == (1.0, 1.2, 1.2)
 
+
+
+def test_several_history_datasets_are_one_store_whose_winners_queued_first_are_the_campaigns_devices(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "KERNEL", "matmul")
+    data = REPO / "data/replay"
+    fresh, h200 = data / "matmul-h100-fresh.jsonl.gz", data / "matmul-h200.jsonl.gz"
+    history, source = search.load_history(f"{fresh},{h200}")
+    assert history is not None and len(history.problems) == 12 + 6
+    assert {source[q].path.name for q in history.problems} == {fresh.name, h200.name}
+    assert set(history.devices) == {"NVIDIA H100 80GB HBM3", "NVIDIA H200"}
+    out = tmp_path / "stores.json"
+    assert search.main(["--arm", "history", "--protocol", "shipped",
+                        "--dataset", str(data / "matmul-h100-fresh2.jsonl.gz"), "--history",
+                        f"{fresh},{h200}", "--heads", "T,Twarm,warm", "--seeds", "1", "--jobs", "1",
+                        "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["results"]) == {"other-problems", search.STORES}
+    rows = result["results"][search.STORES]
+    assert set(rows) == {"cold", "T", "Twarm", "fixed-list"}  # the heads without the store's results: not here
+    assert "of the campaign's device only" in result["scopes"][search.STORES]
+    for head in ("cold", "T", "Twarm"):
+        assert rows[head]["regret"]["problems"] == 16 and len(rows[head]["to_2pct_per_problem"]) == 16
+
+
+@pytest.mark.parametrize(("history", "message"), [
+    ("matmul-h100-fresh.jsonl.gz", "holds M=2048 N=14336 K=4096 bf16 of --dataset"),
+    ("matmul-h200.jsonl.gz,matmul-h200.jsonl.gz", "M=1 N=6144 K=4096 bf16 is in both matmul-h200.jsonl.gz and "
+                                                  "matmul-h200.jsonl.gz"),
+])
+def test_a_history_holding_a_problem_twice_is_refused_in_one_line(history: str, message: str, tmp_path: Path) -> None:
+    import subprocess
+
+    data = REPO / "data/replay"
+    out = tmp_path / "out.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench/search.py"), "--arm", "history", "--protocol", "shipped",
+                           "--dataset", str(data / "matmul-h100-fresh.jsonl.gz"), "--heads", "T",
+                           "--history", ",".join(str(data / h) for h in history.split(",")), "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and message in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
