@@ -431,7 +431,8 @@ def record(args: argparse.Namespace) -> dict[str, Any]:
     todo = [(p, [c for c in configs_of(p) if (p.key(), c.key()) not in done]) for p in problems]
     todo = [(p, cs) for p, cs in todo if cs]
     ev = Evaluator("gpu", input_sets=3, seed=args.seed, rounds=args.rounds, block_ms=args.block_ms,
-                   spread_target=args.spread_target, time_cap_ms=args.time_cap_ms)
+                   spread_target=args.spread_target, time_cap_ms=args.time_cap_ms,
+                   **({"outclass_ratio": None} if args.time_every else {}))
     env, family, today = ev.environment(), get_family(kernel), dt.date.today().isoformat()
     flush = "L2 flushed before each launch" if family.l2_flush else "L2 not flushed"
     header = {"device": env.device, "driver": env.driver, "torch": env.torch, "triton": env.triton,
@@ -665,6 +666,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--spread-target", type=float, default=0.01, help="stop timing a config at this spread")
     p.add_argument("--time-cap-ms", type=float, default=60.0, help="GPU ms of timing per config at most")
+    p.add_argument("--time-every", action="store_true",
+                   help="time every config, also those whose verification took twice the problem's best "
+                        "(by default they are recorded from those launches, stop reason outclassed)")
     p.add_argument("--aot-vs-jit", default="", help="write the AOT-vs-JIT check to this file and exit")
     p.add_argument("--repeat-check", default="", help="re-time recorded configs, write the comparison, exit")
     p.add_argument("--probe-timing", default="", help="write timing quantiles per input set / flush, exit")

@@ -11,12 +11,20 @@ of events around every launch would add the launch latency to each (seen on an H
 launch that way for a 2048³ bf16 matmul that graph replay timed at 27.0 µs).
 
 Then rounds run, each giving every kernel still going one block of about `plan.block_ms` of GPU
-time, in a rotating order (A B C, B C A, ...). After at least `plan.rounds` rounds a kernel stops
+time, in an order drawn afresh every round (`plan.order` "shuffled", the default, from a seeded
+generator), so that no kernel always runs first or always follows the same kernel. Under a power cap
+a kernel's clocks depend on what ran in the milliseconds before it. In a fixed succession (A B C, B
+C A, ...: "rotating", the order before) each kernel follows the same one in nearly every round, and
+its time carries that neighbour's mark, the same in every run: on an H200, the near-best configs of
+large problems read 2.6-4.4% apart (median; up to 12%) between the two orders, more than either
+order's run-to-run spread (rotating 1%, shuffled 1.3-2.2%), and a rotating recording's best config
+was up to 14% slower than the shuffled one's best (bench/order_probe.py, bench/order_compare.py,
+bench/results/order-repeatability-h200.json). After at least `plan.rounds` rounds a kernel stops
 once the relative spread of its samples, (p80 - p20) / median, is at most `plan.spread_target`
-("spread", and no sooner than MIN_SPREAD_SAMPLES samples) or the GPU time spent timing it
-reached `plan.time_cap_ms` ("cap"); the others go on. The spread of the samples does not shrink
-with more of them: the target says how steady a kernel's samples must be to stop early, the cap
-bounds the cost of the rest.
+("spread", and no sooner than MIN_SPREAD_SAMPLES samples) or the GPU time spent timing it reached
+`plan.time_cap_ms` ("cap"); the others go on. The spread of the samples does not shrink with more of
+them: the target says how steady a kernel's samples must be to stop early, the cap bounds the cost
+of the rest.
 
 Cold L2 (`plan.flush_l2`): a kernel whose launches rotate over copies of its data that together
 exceed twice the L2 (the caller makes them, see `cold_copies_needed`; `cold[i]` says so) is timed
@@ -44,6 +52,7 @@ from __future__ import annotations
 import gc
 import logging
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +68,8 @@ OnStart = Callable[[int], None]
 
 METHOD_EVENTS, METHOD_GRAPH, METHOD_CPU = "cuda-events", "cuda-graph", "cpu-wallclock"
 STOP_SPREAD, STOP_CAP, STOP_OUTCLASSED = "spread", "cap", "outclassed"
+ORDERS = ("shuffled", "rotating")  # TimingPlan.order
+ORDER_SEED = 0  # the seed of a GpuTimer's generator of round orders
 
 MAX_SAMPLES = 100  # samples in one events block
 WARMUP_LAUNCHES = 2
@@ -93,11 +104,14 @@ class TimingPlan:
     # is timed (see evaluate.py)
     outclass_ratio: float | None = None
     outclass_min_ms: float = 0.2
+    order: str = "shuffled"  # the kernels' order in each round: one of ORDERS (see the module docstring)
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or not self.block_ms > 0 or self.spread_target < 0 or not self.time_cap_ms > 0:
             raise ValueError(f"bad timing plan {self}: rounds >= 1, block_ms > 0, spread_target >= 0 "
                              "and time_cap_ms > 0")
+        if self.order not in ORDERS:
+            raise ValueError(f"bad timing plan {self}: order must be one of {', '.join(ORDERS)}")
         if self.outclass_ratio is not None and not self.outclass_ratio > 1:
             raise ValueError(f"bad timing plan {self}: outclass_ratio must be above 1, or None")
 
@@ -194,17 +208,24 @@ class Track:
     stop: str = ""
 
 
-def interleave(tracks: Sequence[Track], plan: TimingPlan, on_start: OnStart, block: Callable[[int], None]) -> None:
+def interleave(tracks: Sequence[Track], plan: TimingPlan, on_start: OnStart, block: Callable[[int], None],
+               rng: random.Random | None = None) -> None:
     """Run rounds until every track has stopped: each round, `on_start(i)` then `block(i)` (which
-    adds kernel i's samples and GPU time to its track) for each kernel still going, in an order
-    rotated by one every round; then each one's `stop_reason`."""
+    adds kernel i's samples and GPU time to its track) for each kernel still going, in the round's
+    order (`plan.order`: "shuffled", a permutation drawn from `rng`, a generator seeded with
+    ORDER_SEED where none is given; "rotating", the order of the tracks rotated by one every
+    round); then each one's `stop_reason`."""
+    rng = rng if rng is not None else random.Random(ORDER_SEED)
     r = 0
     while True:
         active = [i for i, t in enumerate(tracks) if not t.stop]
         if not active:
             return
-        for j in range(len(active)):
-            i = active[(j + r) % len(active)]  # rotate the order, so no kernel always runs first
+        if plan.order == "shuffled":
+            order = rng.sample(active, len(active))
+        else:
+            order = [active[(j + r) % len(active)] for j in range(len(active))]
+        for i in order:
             on_start(i)
             block(i)
         for i in active:
@@ -228,6 +249,7 @@ class GpuTimer:
         self._flush_buf: Any = None
         self._last_busy = -math.inf  # monotonic time the last timing ended
         self.wakes = 0  # warm-ups run after an idle spell
+        self._orders = random.Random(ORDER_SEED)  # the rounds' orders (plan.order "shuffled")
 
     def _wake(self) -> None:
         """A GPU idle for IDLE_S has lowered its clocks, and the first samples after it read
@@ -259,7 +281,7 @@ class GpuTimer:
                 for i, t in enumerate(tracks):
                     on_start(i)
                     self._prepare(t, plan)
-                interleave(tracks, plan, on_start, lambda i: self._block(tracks[i]))
+                interleave(tracks, plan, on_start, lambda i: self._block(tracks[i]), self._orders)
         finally:
             for t in tracks:
                 t.graphs.clear()
