@@ -8,11 +8,13 @@ stages), plus a third peer W (128x128x64, 8 warps, 4 stages), are timed together
 kernel ("cool": a spin of one thread block, about 0.3 ms a launch) in two successions, cool Y Z W
 and cool Z Y W, each in both orders, and without the cool kernel ("peers": Y Z W, shuffled). The
 arms run REPEATS times, interleaved, with the recording's timing plan (4 rounds at least, blocks of
-10 ms, spread target 1%, 60 ms cap, cold L2 by copies). For each problem and arm: the medians of
+10 ms, spread target 1%, 60 ms cap, cold L2 by copies) or, with `--campaign-plan`, a campaign's
+(3 rounds, blocks of 1 ms, 2%, 15 ms). For each problem and arm: the medians of
 Y, Z and W in every repeat and Y/Z, and the NVML readings after each arm. If the order carries no
 bias, Y/Z is the same in every arm.
 
     python bench/order_probe.py bench/results/order-probe-h200.json
+    python bench/order_probe.py --campaign-plan bench/results/order-probe-campaign-plan-h200.json
 
 Needs a CUDA GPU. Times kernels through GpuTimer directly; a probe, not a campaign.
 """
@@ -77,7 +79,10 @@ def launches(problem: Problem) -> dict[str, list[Any]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="the JSON file to write, e.g. bench/results/order-probe-h200.json")
+    ap.add_argument("--campaign-plan", action="store_true", help="time with a campaign's plan, not the recorder's")
     args = ap.parse_args(argv)
+    plan_args = (dict(rounds=3, block_ms=1.0, spread_target=0.02, time_cap_ms=15.0) if args.campaign_plan
+                 else dict(rounds=4, block_ms=10.0, spread_target=0.01, time_cap_ms=60.0))
     import torch
 
     env = Evaluator("gpu").environment()
@@ -86,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {**env.as_dict(), "command": " ".join(["python", "bench/order_probe.py", *sys.argv[1:]]),
                            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                            "tiles": {k: "x".join(map(str, v[:3])) + f" w{v[3]} s{v[4]}" for k, v in TILES.items()},
-                           "cool_ms": COOL_MS, "repeats": REPEATS, "problems": {}}
+                           "cool_ms": COOL_MS, "repeats": REPEATS, "plan": plan_args, "problems": {}}
     for m, n, k, dtype in PROBLEMS:
         problem = get_family("matmul").parse_problem({"M": m, "N": n, "K": k, "dtype": dtype})
         fns = launches(problem)
         arms: dict[str, Any] = {name: {"Y": [], "Z": [], "W": [], "clocks": []} for name in ARMS}
         for _ in range(REPEATS):
             for name, (order, succession) in ARMS.items():
-                plan = TimingPlan(rounds=4, block_ms=10.0, spread_target=0.01, time_cap_ms=60.0, order=order)
+                plan = TimingPlan(**plan_args, order=order)
                 timings = timer.time([fns[s] for s in succession], plan, lambda i: None, cold=[True] * len(succession))
                 for s, t in zip(succession, timings, strict=True):
                     if s != "cool":
