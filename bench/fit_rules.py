@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import gzip
+import json
 import logging
 import math
 import statistics
@@ -28,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants, element_wise_operands, estimate
+from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, VARIANT, Constants, element_wise_operands, estimate
 from tilepilot.experiments import Config, Problem
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
@@ -37,6 +40,9 @@ log = logging.getLogger("fit_rules")
 KERNEL = "matmul"
 FITTED = ("mma_half_area", "mma_half_n", "l2_gbps", "sm_gbps", "latency_us", "dup_gbps", "fill_us",
           "scalar_gbps", "overlap_power")
+# The kernel_version of the recorded grids whose grouped kernel came before FEW_ROWS and wrapped
+# A's rows past M, as Triton's tutorial does (data/replay/matmul-h100, -h200 and -h100-fresh).
+ROWS_WRAPPED_VERSIONS = frozenset({"1+516ee1613431", "1+9c11706f12b3", "1+eab120ae5219"})
 # Where every fit starts: round physical values set before any fitting, so a leave-one-out fit
 # carries nothing of its held-out problem.
 NEUTRAL = dataclasses.replace(DEFAULT_CONSTANTS, mma_half_area=4096.0, mma_half_n=32.0, l2_gbps=9000.0,
@@ -57,17 +63,33 @@ class ProblemData:
 
 
 def problem_data(dataset: ReplayDataset, problems: Sequence[Problem]) -> list[ProblemData]:
+    """Each problem's valid recorded configs, fastest first, as the model is to read them: where
+    the grid was recorded by a kernel that wrapped A's rows past M (`ROWS_WRAPPED_VERSIONS`),
+    without their VARIANT, which the tile model reads as a kernel that wraps them."""
     family = get_family(KERNEL)
+    wrapped = bool(recorded_versions(dataset.path) & ROWS_WRAPPED_VERSIONS)
     out = []
     for p in problems:
         space = dataset.space(family, p)
-        rows = sorted(((r.median_ms, c) for c, r in dataset.records(p).items()
+        rows = sorted(((r.median_ms, _as_run(c, wrapped)) for c, r in dataset.records(p).items()
                        if r.median_ms is not None and space.check(c, p) is None), key=lambda x: (x[0], x[1].key()))
         times = np.array([t for t, _ in rows])
         w = np.exp(-3.0 * (times / times[0] - 1.0))  # the order near the optimum matters most
         pairs = (times[None, :] > times[:, None] * MARGIN) * w[:, None]
         out.append(ProblemData(p, tuple(c for _, c in rows), times, pairs))
     return out
+
+
+@functools.cache
+def recorded_versions(path: Path) -> frozenset[str]:
+    """The kernel versions a dataset's records name."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return frozenset(v for line in f if (v := json.loads(line).get("kernel_version")))
+
+
+def _as_run(config: Config, wrapped: bool) -> Config:
+    return Config.of({k: v for k, v in config.items() if k != VARIANT}) if wrapped else config
 
 
 def loss(data: Sequence[ProblemData], k: Constants) -> float:

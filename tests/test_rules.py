@@ -548,3 +548,36 @@ def test_a_learning_in_scope_ranks_each_config_it_loses_at_least_its_effect_behi
         c.config for c in rules().propose(SearchState(), 6)]  # out of scope: no effect
     cold_start = with_learning("M>=1024", history=False)  # --cold: the store is not read
     assert all(cold_start.prior_ms(c) == cold.prior_ms(c) for c, _ in pairs)
+
+
+def test_rows_past_m_cost_a_hot_spot_only_where_the_kernel_wraps_them() -> None:
+    """At M below BLOCK_SIZE_M the tutorial's kernel (and matmul's persistent variant) loads A's
+    rows again for the rows past M; the grouped and split-K variants mask them (FEW_ROWS) and the
+    tma variants' descriptors fill them with zeros, so no row is read twice."""
+    decode = Problem.of({"M": 2, "N": 8192, "K": 8192, "dtype": "bf16"})
+    tile = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 8, "num_warps": 4,
+            "num_stages": 5}
+    tutorial = estimate(decode, Config.of(tile))
+    by_variant = {v: estimate(decode, Config.of({**tile, "VARIANT": v}))
+                  for v in ("grouped", "splitk", "splitk_fused", "tma", "persistent")}
+    assert tutorial.tile.wraps_rows and by_variant["persistent"].tile.wraps_rows
+    assert not any(by_variant[v].tile.wraps_rows for v in ("grouped", "splitk", "splitk_fused", "tma"))
+    assert by_variant["persistent"].predicted_ms == tutorial.predicted_ms
+    assert by_variant["grouped"].predicted_ms < tutorial.predicted_ms  # no 32 copies of 2 rows a tile
+    # where M fills the tile, nothing is wrapped and the variants agree
+    full = {v: estimate(SQUARE, Config.of({**tile, "VARIANT": v})).predicted_ms for v in ("grouped", "persistent")}
+    assert full["grouped"] == full["persistent"] == estimate(SQUARE, Config.of(tile)).predicted_ms
+
+
+def test_the_pool_ranks_each_variant_by_whether_it_wraps_rows_past_m() -> None:
+    from tilepilot.kernels import get_family
+
+    space = get_family("matmul").space().narrowed({"BLOCK_SIZE_K": [64, 128], "GROUP_SIZE_M": [8], "num_stages": [4],
+                                                   "VARIANT": ["grouped", "persistent"]})
+    decode = Problem.of({"M": 2, "N": 8192, "K": 8192, "dtype": "bf16"})
+    p = RulesProposer(ProposerContext("matmul", decode, space, seed=0, budget=64))
+    valid = [c for c in space.valid(decode) if (e := p.estimate(c)) is None or e.launches]
+    order = {c: i for i, c in enumerate(valid)}
+    assert {c["VARIANT"] for c in valid} == {"grouped", "persistent"}
+    assert p._configs() == sorted(valid, key=lambda c: (p._rank_key(c), order[c]))
+    assert p._configs()[0]["VARIANT"] == "grouped"  # no wrapped rows to re-read

@@ -109,3 +109,23 @@ def test_the_fit_measures_how_much_more_the_model_errs_where_both_operands_load_
     assert ratio == pytest.approx(DEFAULT_CONSTANTS.scalar_error_var, rel=0.01)  # what the shipped fit measured
     assert ratio > 4
     assert fit_rules.error_variance_ratio([d for d in data if d not in both], DEFAULT_CONSTANTS) == 1.0  # no evidence
+
+
+def test_a_fit_models_the_grid_as_the_kernel_that_recorded_it_ran() -> None:
+    """The grids recorded before FEW_ROWS ran a grouped kernel that wrapped A's rows past M: the
+    fit reads their configs without VARIANT (a kernel that wraps them); a grid recorded since keeps
+    it (the grouped kernel masks them)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import fit_rules  # type: ignore[import-not-found]
+
+    from tilepilot.agents.tile_model import estimate
+    from tilepilot.orchestrator.replay import DATA_DIR, load_dataset
+
+    family = get_family("matmul")
+    for name, wraps in (("matmul-h100.jsonl.gz", True), ("matmul-h200-fresh.jsonl.gz", False)):
+        ds = load_dataset(DATA_DIR / name, family)
+        decode = next(p for p in ds.problems if int(p["M"]) < 8)
+        (data,) = fit_rules.problem_data(ds, [decode])
+        assert all(("VARIANT" not in c) == wraps for c in data.configs)
+        assert all(estimate(decode, c).tile.wraps_rows == wraps for c in data.configs)
+        assert {c.key() for c in data.configs} <= {fit_rules._as_run(c, wraps).key() for c in ds.records(decode)}

@@ -47,6 +47,7 @@ model (a flat prior) and the GP alone.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -62,7 +63,9 @@ from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofl
 from tilepilot.agents.rules_text import describe
 from tilepilot.agents.tile_model import (
     ALIASES,
+    ROWS_MASKED_VARIANTS,
     TILE_NAMES,
+    VARIANT,
     Constants,
     Estimate,
     Tile,
@@ -394,16 +397,21 @@ class RulesProposer(Proposer):
             skipped = 0
             for tile_steps in itertools.product(*(range(len(params[i].choices)) for i in tiled)):
                 tile_values = tuple(params[i].choices[s] for i, s in zip(tiled, tile_steps, strict=True))
-                est = self._estimate_tile(tile_from(dict(zip((names[i] for i in tiled), tile_values, strict=True))))
-                if est is not None and not est.launches:
+                tile = tile_from(dict(zip((names[i] for i in tiled), tile_values, strict=True)))
+                est = self._estimate_tile(tile)
+                if est is not None and not est.launches:  # whether it launches is the same for every variant
                     skipped += 1
                     continue
-                key = (0.0 if est is None else math.log(est.predicted_ms)) + self._penalty_of(est)
+                keys_of: dict[bool, float] = {}  # by Tile.wraps_rows, which the config's VARIANT sets
                 base = sum(radix[i] * s for i, s in zip(tiled, tile_steps, strict=True))
                 for rest_steps, rest_values, offset in rests:
                     config = Config.of(dict(zip(names, _tuple(in_order(tile_values + rest_values)), strict=True)))
                     if space.check(config, problem) is None:
-                        found.append((key, base + offset, config, _tuple(in_order(tile_steps + rest_steps))))
+                        wraps = tile is not None and config.get(VARIANT) not in ROWS_MASKED_VARIANTS
+                        if wraps not in keys_of:
+                            e = self._estimate_tile(tile and dataclasses.replace(tile, wraps_rows=wraps))
+                            keys_of[wraps] = (0.0 if e is None else math.log(e.predicted_ms)) + self._penalty_of(e)
+                        found.append((keys_of[wraps], base + offset, config, _tuple(in_order(tile_steps + rest_steps))))
             if skipped:
                 log.debug("rules: %d tiles of %s cannot launch by the resource model", skipped, problem.label())
             configs = [f[2] for f in found]

@@ -24,7 +24,10 @@ What it estimates for one (problem, config):
   combine as their p-norm (`overlap_power`), the larger where one dominates, more than either
   where they are close (two streams that each need most of the run overlap imperfectly, and a
   config whose SMs keep up with DRAM with room to spare is faster than one that barely does);
-  rows of A re-read when M < BLOCK_SIZE_M add a hot-spot term; spills multiply it.
+  rows of A re-read when M < BLOCK_SIZE_M add a hot-spot term, for a kernel that wraps them
+  (`offs_am % M`, as Triton's tutorial and matmul's `persistent` variant do; the other variants of
+  the matmul family mask them or read through tensor descriptors, so no row is read twice: see
+  `Tile.wraps_rows`); spills multiply it.
 
 The constants are physical quantities of the right order (named in `Constants`), fitted on
 recorded data (see `Constants`).
@@ -51,6 +54,11 @@ ALIASES = {
     "stages": ("num_stages",),
 }
 TILE_NAMES = frozenset(name for names in ALIASES.values() for name in names)
+# The matmul family's variants that read no row of A past M: the grouped and split-K kernels mask
+# those rows where M is below BLOCK_SIZE_M (FEW_ROWS), the tma kernels' descriptors fill them with
+# zeros. `persistent` wraps them, as does a kernel whose space has no VARIANT (Triton's tutorial).
+VARIANT = "VARIANT"
+ROWS_MASKED_VARIANTS = frozenset({"grouped", "splitk", "splitk_fused", "tma", "tma_tail", "streamk", "tma_splitk"})
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,7 @@ class Tile:
     bk: int
     warps: int
     stages: int
+    wraps_rows: bool = True  # rows past M load rows of A again (see ROWS_MASKED_VARIANTS)
 
     def label(self) -> str:
         return f"{self.bm}×{self.bn}×{self.bk}"
@@ -164,7 +173,8 @@ def tile_of(config: Config) -> Tile | None:
 
 
 def tile_from(values: Mapping[str, object]) -> Tile | None:
-    """The tile parameters among a config's values (parameter -> value), or None."""
+    """The tile parameters among a config's values (parameter -> value), or None. The tile wraps
+    rows past M unless the values name a VARIANT that masks them (ROWS_MASKED_VARIANTS)."""
     found: dict[str, int] = {}
     for field, names in ALIASES.items():
         for name in names:
@@ -174,7 +184,7 @@ def tile_from(values: Mapping[str, object]) -> Tile | None:
                 break
         else:
             return None
-    return Tile(**found)
+    return Tile(**found, wraps_rows=values.get(VARIANT) not in ROWS_MASKED_VARIANTS)
 
 
 def element_wise_operands(problem: Problem) -> tuple[str, ...]:
@@ -264,9 +274,9 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     rounds = math.ceil(per_sm / bps)
     sm_us = max(compute_us, feed_us) + rounds * k.fill_us
     dram_us = _dram_bytes(m, n, kk, size, t, tm, tn, bps, device) * k.dram_refetch / (device.hbm_gbps * 1e3)
-    # Rows past M re-read rows of A (the kernel wraps them): every tile asks L2 for the same
+    # Rows past M re-read rows of A where the kernel wraps them: every tile asks L2 for the same
     # few lines, which serve them at a rate that grows with the number of distinct rows.
-    wrapped = max(0, t.bm - m)
+    wrapped = max(0, t.bm - m) if t.wraps_rows else 0
     hot_us = tiles * wrapped * t.bk * iters * size / (k.dup_gbps * 1e3 * min(m, t.bm))
     body_us = _p_norm(sm_us, dram_us, k.overlap_power) + hot_us
     limit = "dram" if dram_us > sm_us else ("compute" if compute_us >= feed_us else "feed")
