@@ -45,6 +45,8 @@ def load(path: str) -> dict[str, dict[tuple[int, ...], float]]:
                 out.setdefault(label, {})[tuple(int(row["config"][k]) for k in TILE)] = float(row["median_ms"])
     except OSError as e:
         raise InputError(f"cannot read the dataset {path!r}: {e.strerror or e}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"{path!r} is not a dataset of bench/record.py (JSON Lines of matmul records): {e}") from None
     return out
 
 

@@ -2,7 +2,7 @@
 
 Under the power cap a GPU's clocks follow what it ran in the last milliseconds. The timer gives
 each kernel one block of about 10 ms a round; in the "rotating" order (A B C, B C A, ...) a kernel
-always follows the same one, in "shuffled" (the default now) every round draws a new order. Here
+follows the same one in nearly every round, in "shuffled" (the default now) every round draws a new order. Here
 two fast configs of a problem, Y (128x256x64, 8 warps, 4 stages) and Z (256x128x32, 8 warps, 5
 stages), plus a third peer W (128x128x64, 8 warps, 4 stages), are timed together with a low-power
 kernel ("cool": a spin of one thread block, about 0.3 ms a launch) in two successions, cool Y Z W
