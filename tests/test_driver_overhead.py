@@ -150,7 +150,7 @@ def _judge_from_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("proposer", "budget", "share", "shows"), [
     ("random", 60, 0.25, ("verdict", "reordered")),  # hypotheses move the queue
-    ("rules", 30, 0.3, ("reordered",)),  # predictions move it
+    ("rules", 40, 0.3, ("reordered",)),  # predictions move it
     ("random", 30, 0.0, ()),
 ])
 def test_shortcuts_change_no_proposal_order_verdict_or_winner(tmp_path, monkeypatch, proposer, budget, share, shows):
