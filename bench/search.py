@@ -112,7 +112,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_rules import fit, problem_data
+from fit_rules import fit, problem_data, recorded_versions
 
 from tilepilot.agents.base import HistoryReader, Proposer, ProposerContext, SearchState
 from tilepilot.agents.optuna_gp import GpSettings, OptunaGpProposer
@@ -130,6 +130,7 @@ log = logging.getLogger("search")
 KERNEL = "matmul"
 BATCH = 4
 NOISE = 0.0  # --noise: log-normal spread of each measurement the proposer sees (0: the recorded times)
+VERSIONED = True  # campaigns state the kernel version their dataset recorded (--any-kernel-version: none)
 TOLERANCE = 0.02
 PROPOSERS = ("random", "grid", "optuna", "optuna-gp", "rules", "portfolio")
 SLOW = ("optuna-gp", "portfolio+gp")  # run on the first --slow-seeds seeds only
@@ -218,7 +219,8 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     """
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
-    ctx = ProposerContext(KERNEL, problem, space, seed, budget, device=dataset.device, history=history)
+    ctx = ProposerContext(KERNEL, problem, space, seed, budget, device=dataset.device, history=history,
+                          kernel_version=kernel_version(dataset) if VERSIONED else "")
     p = make_proposer(proposer, ctx, constants)
     state = SearchState()
     configs: list[Config] = []
@@ -255,6 +257,12 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     finally:
         p.close()
     return Trace(tuple(configs), tuple(times), tuple(true))
+
+
+def kernel_version(dataset: ReplayDataset) -> str:
+    """The kernel version a dataset's records name ("" where they name none or several)."""
+    versions = recorded_versions(dataset.path)
+    return next(iter(versions)) if len(versions) == 1 else ""
 
 
 def best_after(trace: Trace, n: int) -> float:
@@ -702,6 +710,9 @@ class ReplayHistory:
     def measured_problems(self, kernel: str, device: str) -> list[Problem]:
         return [q for q, d in self.sources.items() if d.device == device]
 
+    def kernel_versions(self, kernel: str, device: str, problem: Problem) -> frozenset[str]:
+        return recorded_versions(self.sources[problem].path)
+
     def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
         if problem not in self._measured:
             store = self.sources[problem]
@@ -797,9 +808,10 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
     return scope, head, key, seed, best_after(at, HISTORY_BUDGET) / opt - 1.0, configs_to_reach(reach, target)
 
 
-def _init_history(path: str, history: str, batch: int = 4) -> None:
-    global _HISTORY, _SOURCE
+def _init_history(path: str, history: str, batch: int = 4, versioned: bool = True) -> None:
+    global _HISTORY, _SOURCE, VERSIONED
     _init(path, batch=batch)
+    VERSIONED = versioned
     _HISTORY, _SOURCE = load_history(history)
 
 
@@ -842,7 +854,7 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.jobs, initializer=_init_history,
-                                      initargs=(str(args.dataset), args.history or "", BATCH)) as pool:
+                                      initargs=(str(args.dataset), args.history or "", BATCH, VERSIONED)) as pool:
         constants = fold_constants(pool, dataset, args.protocol)
         tasks: list[HistoryTask] = [(scope, head, p.key(), s, others[p.key()], constants[p.key()])
                                     for scope, others in scopes.items() for head in heads
@@ -913,13 +925,16 @@ def history_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global KERNEL, BATCH, NOISE
+    global KERNEL, BATCH, NOISE, VERSIONED
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arm", choices=("search", "warm", "history"), default="search",
                    help="search: every proposer's efficiency; warm: warm start against a cold start; "
                         "history: rules with history-first heads at 8 configs")
     p.add_argument("--history", help="--arm history: a dataset of other problems read as the store (several: "
                                      "A,B,...: the scope \"stores\")")
+    p.add_argument("--any-kernel-version", action="store_true",
+                   help="--arm history: campaigns state no kernel version, so the store's results of another "
+                        "version stand as near as the campaign's own (the default: one unit farther)")
     p.add_argument("--heads", help=f"--arm history: which heads besides cold (default: all of "
                                    f"{','.join(h for h in HEADS if h)})")
     p.add_argument("--kernel", default="matmul",
@@ -945,7 +960,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--noise {args.noise}: must be at least 0 and below 1")
     if args.noise and args.arm != "search":
         p.error(f"--noise {args.noise}: only for --arm search")
-    BATCH, NOISE = args.batch, args.noise
+    BATCH, NOISE, VERSIONED = args.batch, args.noise, not args.any_kernel_version
     from tilepilot.kernels import family_names
     from tilepilot.orchestrator.replay import default_dataset
 

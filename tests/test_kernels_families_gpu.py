@@ -411,6 +411,14 @@ def test_attention_default_config_against_pytorch_sdpa(evaluator: Any, attention
 
 
 # ---- timings -----------------------------------------------------------------------------------------
+def hbm_gbps() -> float:
+    """The memory bandwidth this GPU's datasheet gives: 4800 GB/s for the H200's HBM3e, else 3350 (the
+    H100 SXM's HBM3, the other GPU these tests run on); no kernel streams faster."""
+    import torch
+
+    return 4800.0 if "H200" in torch.cuda.get_device_name() else 3350.0
+
+
 @pytest.mark.parametrize("name", ROW_FAMILIES)
 def test_row_family_default_config_streams_near_memory_speed(evaluator: Any, name: str) -> None:
     from tilepilot.kernels import get_family
@@ -420,7 +428,7 @@ def test_row_family_default_config_streams_near_memory_speed(evaluator: Any, nam
     eager = evaluator.baseline(name, problem)
     work = family.work(problem)
     assert result.status is Status.OK, result.message
-    assert 500 < work.gbps(result.median_ms) < 4000  # an H100 moves ~3000 GB/s from HBM3
+    assert 500 < work.gbps(result.median_ms) < 1.2 * hbm_gbps()  # measured 4137 GB/s on an H200
     assert eager is not None and result.median_ms < 3 * eager.median_ms
 
 
@@ -431,7 +439,7 @@ def test_fp8_quant_default_config_is_not_slower_than_the_vllm_fallback_launch(ev
     default, fallback = evaluator.evaluate(FP8, problem, [family.default_config(problem), VLLM_FALLBACK])
     assert default.status is Status.OK and fallback.status is Status.OK
     assert default.median_ms <= fallback.median_ms * 1.05
-    assert 200 < family.work(problem).gbps(default.median_ms) < 4000
+    assert 200 < family.work(problem).gbps(default.median_ms) < 1.2 * hbm_gbps()
 
 
 # ---- fused_moe ---------------------------------------------------------------------------------------

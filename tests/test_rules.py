@@ -375,9 +375,11 @@ class History:
     of the campaign's device (""), and of other devices in `elsewhere`."""
 
     def __init__(self, results: dict[Problem, dict[Config, float]],
-                 elsewhere: dict[str, dict[Problem, dict[Config, float]]] | None = None, device: str = "") -> None:
+                 elsewhere: dict[str, dict[Problem, dict[Config, float]]] | None = None, device: str = "",
+                 versions: dict[Problem, str] | None = None) -> None:
         self.by_device = {device: results, **(elsewhere or {})}
         self.results = results
+        self.versions = versions or {}  # the kernel version that measured a problem (default "v1")
         self.asked: list[Problem] = []
         self.asked_on: list[tuple[Problem, str]] = []
 
@@ -392,15 +394,18 @@ class History:
         self.asked_on.append((problem, device))
         return list(self.by_device[device][problem].items())
 
+    def kernel_versions(self, kernel: str, device: str, problem: Problem) -> frozenset[str]:
+        return frozenset({self.versions.get(problem, "v1")})
+
 
 NEAR = Problem.of({"M": 4096, "N": 4096, "K": 2048, "dtype": "bf16"})  # vectorised, like SQUARE
 FAR = Problem.of({"M": 512, "N": 512, "K": 512, "dtype": "bf16"})  # vectorised, farther from SQUARE
 ELEMENT_WISE = Problem.of({"M": 4096, "N": 4096, "K": 4100, "dtype": "bf16"})  # A element by element
 
 
-def with_history(history: History, problem: Problem = SQUARE, device: str = "") -> RulesProposer:
+def with_history(history: History, problem: Problem = SQUARE, device: str = "", version: str = "") -> RulesProposer:
     return RulesProposer(ProposerContext("matmul", problem, UNCHECKED, seed=0, budget=200, device=device,
-                                         history=history))
+                                         history=history, kernel_version=version))
 
 
 def _slow_wide_tiles(problem: Problem) -> dict[Config, float]:
@@ -451,6 +456,25 @@ def test_the_problems_own_earlier_results_come_before_any_other_problems() -> No
     assert history.asked == [SQUARE]
     assert p.drain_records().notes == (f"rules: the tile model for {SQUARE.label()} corrected by its own "
                                        f"{len(history.results[SQUARE])} earlier results",)
+
+
+def test_another_kernel_versions_results_stand_one_unit_farther() -> None:
+    # NEAR (log2 distance 1 from SQUARE) measured by an older kernel; middle (1.17) by this one
+    middle = Problem.of({"M": 4096, "N": 6144, "K": 2048, "dtype": "bf16"})
+    history = History({NEAR: _slow_wide_tiles(NEAR), middle: _slow_wide_tiles(middle)}, versions={NEAR: "v0"})
+    p = with_history(history, version="v1")
+    p.propose(SearchState(), 4)
+    assert history.asked == [middle]  # NEAR now stands sqrt(1 + 1) = 1.41 away
+    assert p.drain_records().notes == (
+        f"rules: the tile model for {SQUARE.label()} corrected by {len(history.results[middle])} results of "
+        f"{middle.label()}, the nearest problem the store holds with vectorised operands",)
+    near_only = History({NEAR: _slow_wide_tiles(NEAR)}, versions={NEAR: "v0"})
+    q = with_history(near_only, version="v1")
+    assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in q.propose(SearchState(), 4))  # still read where alone
+    assert q.drain_records().notes[0].endswith("(measured by another version of the kernel than v1)")
+    unknown = History({NEAR: _slow_wide_tiles(NEAR), middle: _slow_wide_tiles(middle)}, versions={NEAR: "v0"})
+    with_history(unknown).propose(SearchState(), 4)  # a campaign that names no version weighs none
+    assert unknown.asked == [NEAR]
 
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"

@@ -16,6 +16,7 @@ from tests.replay_fixture import GRID, synthetic_ms
 from tilepilot.cli import main
 from tilepilot.experiments import Config, Hypothesis, Learning, Problem, Scope
 from tilepilot.kernels.registry import get_family
+from tilepilot.orchestrator.replay import load_dataset
 from tilepilot.orchestrator.tune import TuneOptions, tune
 from tilepilot.orchestrator.warm_start import Rule, distance, limit, nearest_winners, warm_candidates
 from tilepilot.storage.store import Store, WinnerSource
@@ -211,6 +212,9 @@ def test_the_store_hands_a_rules_campaign_the_results_of_nearby_problems_unless_
         assert store.devices("matmul") == ["synthetic device"] and store.devices("softmax") == []
         measured = store.measured("matmul", "synthetic device", problem(P1))
         assert len(measured) == 8 and all(ms == synthetic_ms(P1, dict(c)) for c, ms in measured)
+        identity = load_dataset(setup["dataset"], get_family("matmul")).identity  # replay's kernel version
+        assert store.kernel_versions("matmul", "synthetic device", problem(P1)) == {identity}
+        assert store.kernel_versions("matmul", "another device", problem(P1)) == frozenset()
     tune(TuneOptions(campaign=write_campaign(root / "b.toml", "b", [P3], proposer="rules"), backend="replay",
                      dataset=setup["dataset"], db=db))
     own = [t for t in trials(db, "b") if t[0] == "rules"]
@@ -238,9 +242,11 @@ def test_a_campaign_on_an_h200_reads_the_h100s_results_and_one_on_another_chip_d
             assert row is not None
             notes = [m for (m,) in store.db.execute(
                 "SELECT message FROM events WHERE kind = 'proposer' AND campaign_id = ?", [row.id])]
+        version = load_dataset(tmp_path / f"{name}.jsonl", get_family("matmul")).identity  # another dataset's
         assert notes == ([f"rules: the tile model for M=1024 N=512 K=512 fp16 corrected by 8 results of "
                           f"M=512 N=512 K=512 fp16 on the {h100}, the nearest problem the store holds with "
-                          "vectorised operands"] if read else []), name
+                          f"vectorised operands (measured by another version of the kernel than {version})"]
+                         if read else []), name
         assert not [t for t in trials(db, name) if t[0] == "warm-start"]  # winners: the device's own only
 
 

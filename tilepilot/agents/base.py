@@ -56,6 +56,8 @@ class HistoryReader(Protocol):
 
     def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]: ...
 
+    def kernel_versions(self, kernel: str, device: str, problem: Problem) -> frozenset[str]: ...
+
 
 @dataclass(frozen=True)
 class ProposerContext:
@@ -68,6 +70,7 @@ class ProposerContext:
     ledger: LedgerReader | None = None  # hypotheses and learnings so far (None: none to consult)
     members: tuple[str, ...] = ()  # a portfolio's member proposers, from the campaign (empty: its defaults)
     history: HistoryReader | None = None  # results of earlier campaigns (None: a cold start)
+    kernel_version: str = ""  # the version of the kernel the campaign measures ("": unknown)
 
 
 @dataclass(frozen=True)

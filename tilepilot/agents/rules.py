@@ -31,7 +31,10 @@ tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both 
 element), the nearest such problem (log-shape distance; the problem itself, from an earlier
 campaign, where the store has it) corrects the model before this problem's first result. Results
 of a sibling device (`roofline.SIBLINGS`: the same chip with other memory, as the H200 is to the
-H100 SXM) count too, one unit farther (in quadrature, as a differing element size). The source's
+H100 SXM) count too, one unit farther (in quadrature, as a differing element size), and so do those
+of another kernel version (`ProposerContext.kernel_version`; a kernel's source changed since): the
+H200 grid's 1x6144x4096, measured by a grouped kernel that still re-read A's rows past M, corrected
+the model for 2x8192x8192 towards tiles that the kernel of today runs 3.4% slower. The source's
 residuals (log measured over modelled, less their median) fitted by a GP with the noise
 `TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
 problems of one regime: with constants fitted on neither, the element-wise 1500x1500x1500 and
@@ -314,9 +317,13 @@ class RulesProposer(Proposer):
         alike = [(q, d) for d in devices for q in history.measured_problems(kernel, d)
                  if gemm_dims(q) is not None and element_wise_operands(q) == regime]
 
+        version = self.ctx.kernel_version
+        other_version = {(q, on): bool(version) and version not in history.kernel_versions(kernel, on, q)
+                          for q, on in alike}
+
         def rank(source: tuple[Problem, str]) -> tuple[float, bool, str, str]:
             q, on = source  # nearest first; at equal distance this device's results, then by key
-            return _source_distance(p, device, q, on), on != device, q.key(), on
+            return _source_distance(p, device, q, on, other_version[source]), on != device, q.key(), on
 
         for q, on in sorted(alike, key=rank):
             xs: list[tuple[float, ...]] = []
@@ -343,6 +350,8 @@ class RulesProposer(Proposer):
             where = "" if on == device else f" on the {on}"
             source = (f"its own {len(ys)} earlier results{where}" if q == p else
                       f"{len(ys)} results of {self._source_label()}, the nearest problem the store holds with {loads}")
+            if other_version[(q, on)]:
+                source += f" (measured by another version of the kernel than {version})"
             self._notes.append(f"rules: the tile model for {p.label()} corrected by {source}")
             return
 
@@ -713,11 +722,12 @@ def _shape_distance(a: Problem, b: Problem) -> float:
     return math.sqrt(d2 + (da[3] != db[3]))
 
 
-def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
+def _source_distance(p: Problem, device: str, q: Problem, on: str, other_version: bool = False) -> float:
     """How far the results of `q` measured on `on` stand from `p` on `device`: their shape distance,
-    and 1 more (in quadrature, as a differing element size) where the device is a sibling."""
+    and 1 more (in quadrature, as a differing element size) where the device is a sibling and again
+    where none of them was measured by the campaign's kernel version."""
     d = _shape_distance(p, q)
-    return d if on == device else math.sqrt(d * d + 1.0)
+    return math.sqrt(d * d + (on != device) + other_version)
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]

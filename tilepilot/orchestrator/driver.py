@@ -127,7 +127,8 @@ class Driver:
             ctx = ProposerContext(kernel=campaign.kernel, problem=problem, space=space,
                                   seed=campaign.seed, budget=campaign.budget,
                                   device=executor.environment.device, ledger=ledger, members=campaign.members,
-                                  history=ledger if (warm_start if history is None else history) else None)
+                                  history=ledger if (warm_start if history is None else history) else None,
+                                  kernel_version=executor.kernel_version)
             self.runs[problem] = ProblemRun(problem, space, proposer_cls(ctx))
         self.candidates: dict[int, Candidate] = {}  # queue id -> candidate, for queued/running rows
         self._next_batch = 0
@@ -769,6 +770,9 @@ class LedgerView:
 
     def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
         return self._store.measured(kernel, device, problem)
+
+    def kernel_versions(self, kernel: str, device: str, problem: Problem) -> frozenset[str]:
+        return self._store.kernel_versions(kernel, device, problem)
 
 
 def _pick(heads: list[tuple[int, str]], batch_size: int) -> list[int]:

@@ -661,6 +661,14 @@ class Store:
         latest = {r["config_key"]: (Config.of(loads(r["config"])), float(r["median_ms"])) for r in rows}
         return [latest[k] for k in sorted(latest)]
 
+    def kernel_versions(self, kernel: str, device: str, problem: Problem) -> frozenset[str]:
+        """The kernel versions that measured an `ok` result of `kernel` for `problem` on `device`."""
+        rows = self._rows(
+            "SELECT DISTINCT e.kernel_version FROM experiments e JOIN results r ON r.experiment_key = e.key "
+            "WHERE e.kernel = ? AND e.device = ? AND e.problem_key = ? AND r.status = ? AND r.median_ms IS NOT NULL",
+            [kernel, device, problem.key(), "ok"])
+        return frozenset(str(r["kernel_version"]) for r in rows)
+
     # -- events, GPU samples, winners ----------------------------------------------------------
 
     def log_event(self, kind: str, message: str, *, campaign_id: int | None = None,
