@@ -130,7 +130,6 @@ log = logging.getLogger("search")
 KERNEL = "matmul"
 BATCH = 4
 NOISE = 0.0  # --noise: log-normal spread of each measurement the proposer sees (0: the recorded times)
-VERSIONED = True  # campaigns state the kernel version their dataset recorded (--any-kernel-version: none)
 TOLERANCE = 0.02
 PROPOSERS = ("random", "grid", "optuna", "optuna-gp", "rules", "portfolio")
 SLOW = ("optuna-gp", "portfolio+gp")  # run on the first --slow-seeds seeds only
@@ -220,7 +219,7 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
     ctx = ProposerContext(KERNEL, problem, space, seed, budget, device=dataset.device, history=history,
-                          kernel_version=kernel_version(dataset) if VERSIONED else "")
+                          kernel_version=kernel_version(dataset))
     p = make_proposer(proposer, ctx, constants)
     state = SearchState()
     configs: list[Config] = []
@@ -808,10 +807,9 @@ def _history_task(args: HistoryTask) -> tuple[str, str, str, int, float, float]:
     return scope, head, key, seed, best_after(at, HISTORY_BUDGET) / opt - 1.0, configs_to_reach(reach, target)
 
 
-def _init_history(path: str, history: str, batch: int = 4, versioned: bool = True) -> None:
-    global _HISTORY, _SOURCE, VERSIONED
+def _init_history(path: str, history: str, batch: int = 4) -> None:
+    global _HISTORY, _SOURCE
     _init(path, batch=batch)
-    VERSIONED = versioned
     _HISTORY, _SOURCE = load_history(history)
 
 
@@ -854,7 +852,7 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
     seeds = list(range(args.seeds))
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(args.jobs, initializer=_init_history,
-                                      initargs=(str(args.dataset), args.history or "", BATCH, VERSIONED)) as pool:
+                                      initargs=(str(args.dataset), args.history or "", BATCH)) as pool:
         constants = fold_constants(pool, dataset, args.protocol)
         tasks: list[HistoryTask] = [(scope, head, p.key(), s, others[p.key()], constants[p.key()])
                                     for scope, others in scopes.items() for head in heads
@@ -925,16 +923,13 @@ def history_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global KERNEL, BATCH, NOISE, VERSIONED
+    global KERNEL, BATCH, NOISE
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arm", choices=("search", "warm", "history"), default="search",
                    help="search: every proposer's efficiency; warm: warm start against a cold start; "
                         "history: rules with history-first heads at 8 configs")
     p.add_argument("--history", help="--arm history: a dataset of other problems read as the store (several: "
                                      "A,B,...: the scope \"stores\")")
-    p.add_argument("--any-kernel-version", action="store_true",
-                   help="--arm history: campaigns state no kernel version, so the store's results of another "
-                        "version stand as near as the campaign's own (the default: one unit farther)")
     p.add_argument("--heads", help=f"--arm history: which heads besides cold (default: all of "
                                    f"{','.join(h for h in HEADS if h)})")
     p.add_argument("--kernel", default="matmul",
@@ -960,7 +955,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--noise {args.noise}: must be at least 0 and below 1")
     if args.noise and args.arm != "search":
         p.error(f"--noise {args.noise}: only for --arm search")
-    BATCH, NOISE, VERSIONED = args.batch, args.noise, not args.any_kernel_version
+    BATCH, NOISE = args.batch, args.noise
     from tilepilot.kernels import family_names
     from tilepilot.orchestrator.replay import default_dataset
 

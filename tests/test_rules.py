@@ -458,23 +458,24 @@ def test_the_problems_own_earlier_results_come_before_any_other_problems() -> No
                                        f"{len(history.results[SQUARE])} earlier results",)
 
 
-def test_another_kernel_versions_results_stand_one_unit_farther() -> None:
-    # NEAR (log2 distance 1 from SQUARE) measured by an older kernel; middle (1.17) by this one
-    middle = Problem.of({"M": 4096, "N": 6144, "K": 2048, "dtype": "bf16"})
+def test_another_kernel_versions_results_count_by_distance_and_come_second_at_equal_distance() -> None:
+    middle = Problem.of({"M": 4096, "N": 6144, "K": 2048, "dtype": "bf16"})  # 1.17 from SQUARE, NEAR 1.0
     history = History({NEAR: _slow_wide_tiles(NEAR), middle: _slow_wide_tiles(middle)}, versions={NEAR: "v0"})
     p = with_history(history, version="v1")
-    p.propose(SearchState(), 4)
-    assert history.asked == [middle]  # NEAR now stands sqrt(1 + 1) = 1.41 away
+    assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in p.propose(SearchState(), 4))
+    assert history.asked == [NEAR]  # the nearer problem, though an older kernel measured it
     assert p.drain_records().notes == (
-        f"rules: the tile model for {SQUARE.label()} corrected by {len(history.results[middle])} results of "
-        f"{middle.label()}, the nearest problem the store holds with vectorised operands",)
-    near_only = History({NEAR: _slow_wide_tiles(NEAR)}, versions={NEAR: "v0"})
-    q = with_history(near_only, version="v1")
-    assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in q.propose(SearchState(), 4))  # still read where alone
-    assert q.drain_records().notes[0].endswith("(measured by another version of the kernel than v1)")
-    unknown = History({NEAR: _slow_wide_tiles(NEAR), middle: _slow_wide_tiles(middle)}, versions={NEAR: "v0"})
-    with_history(unknown).propose(SearchState(), 4)  # a campaign that names no version weighs none
-    assert unknown.asked == [NEAR]
+        f"rules: the tile model for {SQUARE.label()} corrected by {len(history.results[NEAR])} results of "
+        f"{NEAR.label()}, the nearest problem the store holds with vectorised operands (measured by another "
+        "version of the kernel than v1)",)
+    twin = Problem.of({"M": 4096, "N": 4096, "K": 8192, "dtype": "bf16"})  # 1.0 from SQUARE, as NEAR
+    for old, new in ((NEAR, twin), (twin, NEAR)):  # whichever comes first by key
+        tied = History({NEAR: _slow_wide_tiles(NEAR), twin: _slow_wide_tiles(twin)}, versions={old: "v0"})
+        with_history(tied, version="v1").propose(SearchState(), 4)
+        assert tied.asked == [new]  # at equal distance, this version's results
+    same = with_history(History({NEAR: _slow_wide_tiles(NEAR)}), version="v1")  # measured by v1
+    same.propose(SearchState(), 4)
+    assert "another version" not in same.drain_records().notes[0]
 
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"

@@ -31,10 +31,12 @@ tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both 
 element), the nearest such problem (log-shape distance; the problem itself, from an earlier
 campaign, where the store has it) corrects the model before this problem's first result. Results
 of a sibling device (`roofline.SIBLINGS`: the same chip with other memory, as the H200 is to the
-H100 SXM) count too, one unit farther (in quadrature, as a differing element size), and so do those
-of another kernel version (`ProposerContext.kernel_version`; a kernel's source changed since): the
-H200 grid's 1x6144x4096, measured by a grouped kernel that still re-read A's rows past M, corrected
-the model for 2x8192x8192 towards tiles that the kernel of today runs 3.4% slower. The source's
+H100 SXM) count too, one unit farther (in quadrature, as a differing element size). Results of
+another kernel version (`ProposerContext.kernel_version`: the kernel's source changed since) stand
+as near as the campaign's own, and come after them only at equal distance; the note names such a
+source. Weighing them one unit farther, as a sibling's, changed the source of about a quarter of the
+problems of the recorded grids and left the warm start where it was (README, "The store corrects the
+model"): the nearer neighbour counts for more than the version. The source's
 residuals (log measured over modelled, less their median) fitted by a GP with the noise
 `TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
 problems of one regime: with constants fitted on neither, the element-wise 1500x1500x1500 and
@@ -321,9 +323,9 @@ class RulesProposer(Proposer):
         other_version = {(q, on): bool(version) and version not in history.kernel_versions(kernel, on, q)
                           for q, on in alike}
 
-        def rank(source: tuple[Problem, str]) -> tuple[float, bool, str, str]:
-            q, on = source  # nearest first; at equal distance this device's results, then by key
-            return _source_distance(p, device, q, on, other_version[source]), on != device, q.key(), on
+        def rank(source: tuple[Problem, str]) -> tuple[float, bool, bool, str, str]:
+            q, on = source  # nearest first; at equal distance this kernel version's, this device's, then by key
+            return _source_distance(p, device, q, on), other_version[source], on != device, q.key(), on
 
         for q, on in sorted(alike, key=rank):
             xs: list[tuple[float, ...]] = []
@@ -722,12 +724,11 @@ def _shape_distance(a: Problem, b: Problem) -> float:
     return math.sqrt(d2 + (da[3] != db[3]))
 
 
-def _source_distance(p: Problem, device: str, q: Problem, on: str, other_version: bool = False) -> float:
+def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
     """How far the results of `q` measured on `on` stand from `p` on `device`: their shape distance,
-    and 1 more (in quadrature, as a differing element size) where the device is a sibling and again
-    where none of them was measured by the campaign's kernel version."""
+    and 1 more (in quadrature, as a differing element size) where the device is a sibling."""
     d = _shape_distance(p, q)
-    return math.sqrt(d * d + (on != device) + other_version)
+    return d if on == device else math.sqrt(d * d + 1.0)
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]
