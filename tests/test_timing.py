@@ -142,9 +142,11 @@ def test_shuffled_rounds_give_every_kernel_one_block_and_vary_who_runs_before_it
     assert shuffled_log(seed=4) != log
 
 
-def test_an_unknown_order_is_refused() -> None:
+def test_an_unknown_order_or_a_negative_settle_count_is_refused() -> None:
     with pytest.raises(ValueError, match="order must be one of shuffled, rotating"):
         TimingPlan(order="sorted")
+    with pytest.raises(ValueError, match="settle_launches must be 0 or more"):
+        TimingPlan(settle_launches=-1)
 
 
 def test_a_slow_kernel_reaches_its_cap_in_fewer_rounds() -> None:

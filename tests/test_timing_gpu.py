@@ -194,3 +194,23 @@ def test_a_kernel_timed_by_events_whose_launch_is_slower_than_it_reads_its_gpu_t
     quick, delayed = timer.time([[fast], [slow]], plan(flush_l2=False, rounds=3, time_cap_ms=10.0), lambda i: None)
     assert quick.method == delayed.method == "cuda-events"
     assert quick.median_ms < 0.15 and delayed.median_ms < 1.2 * quick.median_ms, (quick, delayed)
+
+
+def test_settle_launches_run_untimed_at_the_start_of_each_block_and_count_in_its_gpu_time(timer: Any) -> None:
+    from tilepilot.kernels.timing import Track
+
+    x = torch.randn(1 << 22, device="cuda")
+    calls: list[int] = []
+
+    def launch() -> None:
+        calls.append(1)
+        x.mul_(1.0)
+
+    for settle in (0, 2):
+        calls.clear()
+        t = Track([launch], False, per_block=3)
+        timer._block(t, settle)
+        assert len(calls) == 3 + settle and t.cursor == 3 + settle  # settled launches move the rotation on
+        assert len(t.samples) == 3 and t.timed_ms > 0
+    with pytest.raises(ValueError, match="settle_launches must be 0 or more"):
+        plan(settle_launches=-1)

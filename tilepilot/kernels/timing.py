@@ -32,6 +32,16 @@ as above, each launch reading data no recent launch touched. Otherwise L2 is flu
 twice its size zeroed) before each launch, outside the events, and the kernel is timed with
 events around each launch. Warm (not `flush_l2`): launches rotate over the input sets given.
 
+Inside a block (bench/block_probe.py, bench/results/block-probe-h200.json, an H200): the first
+sample reads about 40 µs slow whichever kernel ran before (the same config too: 6-25% of a 0.3 ms
+matmul, 0-15% of a 1.3 ms one), and the rest differ by the kernel before it to the block's end (a
+config's last quarter of a 10 ms block 0-8% over its median by predecessor, rotating order): the
+mark outlasts a block, and the shuffled order spreads it instead of settling it. `plan.settle_launches`
+runs that many launches of the kernel untimed at the start of each block (counted in its GPU time);
+the default is none: with one, a campaign's plan measured medians within 0.6% of those without, was
+no steadier from repeat to repeat (2.1% -> 2.8% on one problem, 2.0% -> 1.5% on another), and spent
+2-22% more GPU time per config (bench/settle_probe.py, bench/results/settle-probe-h200.json).
+
 A short spin kernel at the start of each block keeps the GPU ahead of the host, so that launch
 overhead stays outside the events; the launches that estimate a kernel's time queue behind a spin
 longer than the host takes to issue them (a slow launch from the host would otherwise read as a
@@ -105,11 +115,14 @@ class TimingPlan:
     outclass_ratio: float | None = None
     outclass_min_ms: float = 0.2
     order: str = "shuffled"  # the kernels' order in each round: one of ORDERS (see the module docstring)
+    settle_launches: int = 0  # untimed launches of the kernel at the start of each block (see `GpuTimer._block`)
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or not self.block_ms > 0 or self.spread_target < 0 or not self.time_cap_ms > 0:
             raise ValueError(f"bad timing plan {self}: rounds >= 1, block_ms > 0, spread_target >= 0 "
                              "and time_cap_ms > 0")
+        if self.settle_launches < 0:
+            raise ValueError(f"bad timing plan {self}: settle_launches must be 0 or more")
         if self.order not in ORDERS:
             raise ValueError(f"bad timing plan {self}: order must be one of {', '.join(ORDERS)}")
         if self.outclass_ratio is not None and not self.outclass_ratio > 1:
@@ -281,7 +294,8 @@ class GpuTimer:
                 for i, t in enumerate(tracks):
                     on_start(i)
                     self._prepare(t, plan)
-                interleave(tracks, plan, on_start, lambda i: self._block(tracks[i]), self._orders)
+                interleave(tracks, plan, on_start, lambda i: self._block(tracks[i], plan.settle_launches),
+                           self._orders)
         finally:
             for t in tracks:
                 t.graphs.clear()
@@ -373,14 +387,23 @@ class GpuTimer:
                 gc.enable()
         return g
 
-    def _block(self, t: Track) -> None:
-        """One block of the kernel: its samples and GPU time are added to the track."""
+    def _block(self, t: Track, settle: int = 0) -> None:
+        """One block of the kernel: its samples and GPU time are added to the track. `settle`
+        launches of the kernel run first, untimed but counted in its GPU time."""
         torch = self._torch
         n = t.per_block
         pairs = self._events(n)
         span = self._events(1)[0]
         self._spin(0.1)
         span[0].record()
+        for _ in range(settle):  # the next in the kernel's own rotation, so that no copy is read warm
+            if t.method == METHOD_GRAPH:
+                t.graphs[t.cursor % len(t.graphs)][0].replay()
+            else:
+                if t.flush:
+                    self.flush()
+                t.launches[t.cursor % len(t.launches)]()
+            t.cursor += 1
         launched: list[int] = []
         host_bound = t.host_ms >= HOST_BOUND * t.estimate_ms
         for start, end in pairs:
