@@ -35,8 +35,8 @@ H100 SXM) count too, one unit farther (in quadrature, as a differing element siz
 another kernel version (`ProposerContext.kernel_version`: the kernel's source changed since) stand
 as near as the campaign's own, and come after them only at equal distance; the note names such a
 source. Weighing them one unit farther, as a sibling's, changed the source of about a quarter of the
-problems of the recorded grids and left the warm start where it was (README, "The store corrects the
-model"): the nearer neighbour counts for more than the version. The source's
+problems of the recorded grids and left the warm start where it was (README, "Results of another
+kernel version"): the nearer neighbour counts for more than the version. The source's
 residuals (log measured over modelled, less their median) fitted by a GP with the noise
 `TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
 problems of one regime: with constants fitted on neither, the element-wise 1500x1500x1500 and
