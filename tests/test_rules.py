@@ -418,6 +418,15 @@ def _slow_wide_tiles(problem: Problem) -> dict[Config, float]:
     return truth
 
 
+@pytest.fixture
+def one_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The correction from the nearest source alone (TRANSFER_SOURCES = 1): which source is the nearest."""
+    import tilepilot.agents.rules as rules_module
+
+    monkeypatch.setattr(rules_module, "TRANSFER_SOURCES", 1)
+
+
+@pytest.mark.usefixtures("one_source")
 def test_results_of_the_nearest_problem_in_the_same_regime_correct_the_model_before_any_result() -> None:
     cold = rules().propose(SearchState(), 4)
     assert all(int(c.config["BLOCK_SIZE_N"]) >= 128 for c in cold)  # the model's favourites
@@ -458,7 +467,7 @@ def test_the_problems_own_earlier_results_come_before_any_other_problems() -> No
                                        f"{len(history.results[SQUARE])} earlier results",)
 
 
-def test_another_kernel_versions_results_count_by_distance_and_come_second_at_equal_distance() -> None:
+def test_another_kernel_versions_results_count_by_distance_and_come_second_at_equal_distance(one_source: None) -> None:
     middle = Problem.of({"M": 4096, "N": 6144, "K": 2048, "dtype": "bf16"})  # 1.17 from SQUARE, NEAR 1.0
     history = History({NEAR: _slow_wide_tiles(NEAR), middle: _slow_wide_tiles(middle)}, versions={NEAR: "v0"})
     p = with_history(history, version="v1")
@@ -476,6 +485,26 @@ def test_another_kernel_versions_results_count_by_distance_and_come_second_at_eq
     same = with_history(History({NEAR: _slow_wide_tiles(NEAR)}), version="v1")  # measured by v1
     same.propose(SearchState(), 4)
     assert "another version" not in same.drain_records().notes[0]
+
+
+def test_the_corrections_of_the_three_nearest_problems_of_the_regime_are_averaged() -> None:
+    middle = Problem.of({"M": 4096, "N": 6144, "K": 2048, "dtype": "bf16"})  # 1.17 from SQUARE
+    truth = {q: _slow_wide_tiles(q) for q in (NEAR, middle, FAR, ELEMENT_WISE)}
+    truth[FAR] = {c: 1.0 for c in list(truth[FAR])[:8]}  # FAR's results disagree with the others'
+    history = History(truth)
+    p = with_history(history)
+    p.propose(SearchState(), 4)
+    assert history.asked == [NEAR, middle, FAR]  # nearest first; ELEMENT_WISE loads otherwise
+    alone = [with_history(History({q: truth[q]})) for q in (NEAR, middle, FAR)]
+    for c in (cfg(128, 128, 64, 8, 3), cfg(128, 64, 64, 8, 3), cfg(64, 64, 32, 4, 4)):
+        assert p._shift(c) == pytest.approx(np.mean([a._shift(c) for a in alone]), abs=1e-9)
+    assert p.drain_records().notes == (
+        f"rules: the tile model for {SQUARE.label()} corrected by {len(truth[NEAR])} results of {NEAR.label()}, the "
+        f"nearest problem the store holds with vectorised operands, and by {len(truth[middle])} of {middle.label()} "
+        f"and 8 of {FAR.label()} (the mean of their corrections)",)
+    own = History({**truth, SQUARE: _slow_wide_tiles(SQUARE)})
+    with_history(own).propose(SearchState(), 1)
+    assert own.asked == [SQUARE]  # the problem's own earlier results stand alone
 
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
@@ -509,7 +538,7 @@ def test_another_chips_results_are_not_read() -> None:
         assert history.asked == [] and not p.drain_records().notes
 
 
-def test_a_siblings_results_count_one_unit_farther_than_the_devices_own() -> None:
+def test_a_siblings_results_count_one_unit_farther_than_the_devices_own(one_source: None) -> None:
     # NEAR is 1 from SQUARE (K halved): on the campaign's device it ties SQUARE's own results on the
     # sibling (0, and 1 for the device), and the campaign's device goes first
     history = History({NEAR: _slow_wide_tiles(NEAR)}, {H100: {SQUARE: _slow_wide_tiles(SQUARE)}}, device=H200)

@@ -28,15 +28,19 @@ one value for every tile can spend a small budget without once testing the prefe
 fastest configs all have 4.
 History: where the store holds results of a problem whose operands load the same way (the
 tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both element by
-element), the nearest such problem (log-shape distance; the problem itself, from an earlier
-campaign, where the store has it) corrects the model before this problem's first result. Results
+element), the nearest TRANSFER_SOURCES (3) such problems (log-shape distance) correct the model
+before this problem's first result, by the mean of their corrections; the problem itself, from an
+earlier campaign, where the store has it, stands alone. One source was the rule before: on a fresh
+H200 set held out from the choice (README, "A third fresh set on the H200"), three gave as many
+problems within 2% at 8 configs and no higher a median of configs to 2%, as decided in advance
+(bench/results/matmul-h200-fresh3-plan.json). Results
 of a sibling device (`roofline.SIBLINGS`: the same chip with other memory, as the H200 is to the
 H100 SXM) count too, one unit farther (in quadrature, as a differing element size). Results of
 another kernel version (`ProposerContext.kernel_version`: the kernel's source changed since) stand
 as near as the campaign's own, and come after them only at equal distance; the note names such a
 source. Weighing them one unit farther, as a sibling's, changed the source of about a quarter of the
 problems of the recorded grids and left the warm start where it was (README, "Results of another
-kernel version"): the nearer neighbour counts for more than the version. The source's
+kernel version"): the nearer neighbour counts for more than the version. Each source's
 residuals (log measured over modelled, less their median) fitted by a GP with the noise
 `TRANSFER_NOISE_VAR` predict a correction for every config. The model errs alike on
 problems of one regime: with constants fitted on neither, the element-wise 1500x1500x1500 and
@@ -90,6 +94,7 @@ PREDICT_ROWS = 16384  # the GP predicts the pool in chunks of this many configs 
 TRANSFER_NOISE_VAR = 0.05  # log units²: how loosely another problem's residual stands for this one's
 TRANSFER_MIN_RESULTS = 4  # results a problem of the store needs before its residuals are read
 TRANSFER_MAX_RESULTS = 256  # at most this many of them (every k-th by config) feed the GP: its cost is cubic
+TRANSFER_SOURCES = 3  # the nearest problems of the store whose corrections are averaged (see the module docstring)
 
 
 @dataclass(frozen=True)
@@ -135,9 +140,9 @@ class RulesProposer(Proposer):
         self._smem_cap: int | None = None  # least shared memory seen to fail with out_of_resources
         self._picks = 0  # proposals made, for the local-step rhythm
         self._bad_shapes: set[tuple[int, int, int, int]] = set()
-        self._transfer: ResidualGp | None = None  # the GP over the source problem's residuals
-        # the problem the correction comes from, its results, and the sibling device they ran on ("": this one)
-        self._source: tuple[Problem, int, str] | None = None
+        self._transfers: list[ResidualGp] = []  # a GP over each source problem's residuals, nearest first
+        # the problems the correction comes from, their results, and the sibling device they ran on ("": this one)
+        self._sources: list[tuple[Problem, int, str]] = []
         self._shifts: dict[Config, float] = {}  # the correction of each config asked for
         self._transfer_read = False
         self._notes: list[str] = []
@@ -215,7 +220,7 @@ class RulesProposer(Proposer):
                 continue  # no model and nothing measured: no prediction
             predicted = math.exp(self._log_model(config) + float(mean))
             basis = ("tile model" if self.estimate(config) is not None else "measured neighbours") + (
-                f" with the results of {self._source_label()}" if self._source is not None else "") + (
+                f" with the results of {self._source_label()}" if self._sources else "") + (
                 f" corrected by {len(xs)} result{'s' if len(xs) != 1 else ''}" if xs else ", nothing measured yet")
             reason = f"rules predicts {predicted:.3g} ms ({basis})"
             penalty = self._penalty(config)
@@ -327,6 +332,8 @@ class RulesProposer(Proposer):
             q, on = source  # nearest first; at equal distance this kernel version's, this device's, then by key
             return _source_distance(p, device, q, on), other_version[source], on != device, q.key(), on
 
+        loads = ", ".join(regime) + " element by element" if regime else "vectorised operands"
+        parts: list[str] = []
         for q, on in sorted(alike, key=rank):
             xs: list[tuple[float, ...]] = []
             ys: list[float] = []
@@ -347,40 +354,50 @@ class RulesProposer(Proposer):
             gp = ResidualGp(GpSettings(lengthscales=s.lengthscales, signal_var=s.signal_var, offset_var=0.0,
                                        noise_var=TRANSFER_NOISE_VAR))
             gp.fit(xs, [y - middle for y in ys])
-            self._transfer, self._source = gp, (q, len(ys), "" if on == device else on)
-            loads = ", ".join(regime) + " element by element" if regime else "vectorised operands"
+            self._transfers.append(gp)
+            self._sources.append((q, len(ys), "" if on == device else on))
             where = "" if on == device else f" on the {on}"
-            source = (f"its own {len(ys)} earlier results{where}" if q == p else
-                      f"{len(ys)} results of {self._source_label()}, the nearest problem the store holds with {loads}")
+            if q == p:
+                part = f"its own {len(ys)} earlier results{where}"
+            elif not parts:
+                part = f"{len(ys)} results of {q.label()}{where}, the nearest problem the store holds with {loads}"
+            else:
+                part = f"{len(ys)} of {q.label()}{where}"
             if other_version[(q, on)]:
-                source += f" (measured by another version of the kernel than {version})"
-            self._notes.append(f"rules: the tile model for {p.label()} corrected by {source}")
-            return
+                part += f" (measured by another version of the kernel than {version})"
+            parts.append(part)
+            if (q == p and len(parts) == 1) or len(parts) == TRANSFER_SOURCES:
+                break  # the problem's own earlier results, the nearest there can be, stand alone
+        if parts:
+            mean = "" if len(parts) == 1 else " (the mean of their corrections)"
+            rest = ", ".join(parts[1:-1]) + (" and " if len(parts) > 2 else "") + parts[-1] if len(parts) > 1 else ""
+            self._notes.append(f"rules: the tile model for {p.label()} corrected by {parts[0]}"
+                               + (f", and by {rest}" if rest else "") + mean)
 
     def _source_label(self) -> str:
-        """The problem the history's correction comes from, with the sibling device it ran on if any."""
-        assert self._source is not None
-        problem, _, on = self._source
-        return problem.label() + (f" on the {on}" if on else "")
+        """The problems the history's correction comes from, with the sibling device each ran on if any."""
+        assert self._sources
+        labels = [problem.label() + (f" on the {on}" if on else "") for problem, _, on in self._sources]
+        return labels[0] if len(labels) == 1 else ", ".join(labels[:-1]) + " and " + labels[-1]
 
     def _shift(self, config: Config) -> float:
         """The history's correction of the model's log-time for a config (0 without one)."""
         self._read_history()
-        if self._transfer is None:
+        if not self._transfers:
             return 0.0
         shift = self._shifts.get(config)
         if shift is None:
             x = self._coords(config)
-            shift = 0.0 if x is None else float(self._transfer.predict([x])[0][0])
+            shift = 0.0 if x is None else float(np.mean([gp.predict([x])[0][0] for gp in self._transfers]))
             self._shifts[config] = shift
         return shift
 
     def _shift_all(self, configs: Sequence[Config], coords: np.ndarray) -> np.ndarray:
         """The correction of each config of the pool (their coordinates given), in chunks."""
         self._read_history()
-        if self._transfer is None or not len(configs):
+        if not self._transfers or not len(configs):
             return np.zeros(len(configs))
-        shifts = _predict(self._transfer, coords)[0]
+        shifts = np.mean([_predict(gp, coords)[0] for gp in self._transfers], axis=0)
         self._shifts.update(zip(configs, (float(v) for v in shifts), strict=True))
         return shifts
 
@@ -618,7 +635,7 @@ class RulesProposer(Proposer):
             reason = "no tile model for this space"
         else:
             reason = describe(est, self.roofline, self.device) + self._device_note
-        if self._source is not None and est is not None and abs(shift := self._shift(config)) >= 0.01:
+        if self._sources and est is not None and abs(shift := self._shift(config)) >= 0.01:
             reason += f"; model ×{math.exp(shift):.2f} by the results of {self._source_label()}"
         learned, by = self._learned_shift(config) if est is not None else (0.0, "")
         if learned >= 0.01:
