@@ -193,13 +193,20 @@ def test_every_worker_quarantined_stops_the_campaign_with_one_line(ray_session: 
     assert [d["worker"] for _, d in _events(tmp_path / "t.db", "quarantined")] == ["interpret-0"]
 
 
-def test_workers_that_cannot_be_placed_are_one_line_not_a_hang(ray_session: None) -> None:
+def test_workers_that_cannot_be_placed_are_one_line_not_a_hang_and_are_not_left_asking(ray_session: None) -> None:
+    from ray._private import state
+
+    before = set(state.actors())
     t0 = time.monotonic()
     with pytest.raises(NoWorkerLeft, match=r"^no worker started within 3 s \(1 asked for with 1 CPU, "
                                            r"1 tilepilot_gpu\)$"):
         RayExecutor(get_family("matmul"), "interpret", worker_resources={"tilepilot_gpu": 1}, shared=False,
                     startup_timeout_s=3)
     assert time.monotonic() - t0 < 30
+    deadline = time.monotonic() + 10
+    while (left := {k: a["State"] for k, a in state.actors().items() if k not in before and a["State"] != "DEAD"}):
+        assert time.monotonic() < deadline, f"actors still waiting for a node: {left}"  # killed, not pending
+        time.sleep(0.1)
 
 
 def test_bad_worker_resources_are_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:

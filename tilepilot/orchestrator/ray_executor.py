@@ -209,9 +209,14 @@ class RayExecutor(Executor):
         self.traces: list[BatchTrace] | None = [] if trace else None
         self.waited_s = 0.0  # time `poll` spent blocked waiting for Ray
         self.slots = [_Slot(w) for w in self._worker_ids(workers)]
+        self.pool: CompilePool | None = None
         for slot in self.slots:
             self._launch(slot, "")
-        first = self._await_first()
+        try:
+            first = self._await_first()
+        except NoWorkerLeft:  # the workers asked for must not wait in the cluster for a node, nor start later
+            self.close()
+            raise
         self.environment: Environment = first.environment
         self.target = first.target
         self.pool = (CompilePool(gpu_worker_cpus=GPU_WORKER_CPUS, shared=self.shared, env=worker_env)
