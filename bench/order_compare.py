@@ -5,7 +5,11 @@ For each pair of datasets (JSON Lines, gzipped or not, as bench/record.py writes
 problem both hold: the configs timed in full (stop reason not "outclassed") within 20% of the
 first dataset's best, the median and largest |log(time_b / time_a)| over them, and whether the
 two agree on the best config (if not, how far the first one's best is from the second's in the
-second). The pairs are named NAME=A,B.
+second). And whether the second recording moves some tile shapes against the others
+(`shape_shift`): for each BLOCK_SIZE_M x BLOCK_SIZE_N x num_warps, the mean over the configs
+both timed in full of log(time_b / time_a) less its problem's median, so that a level shift of
+the whole problem (another clock, another day) cancels; noise averages out, an order or method
+that favours a shape does not. The pairs are named NAME=A,B.
 
     python bench/order_compare.py --out bench/results/order-repeatability-h200.json \\
         rotating=bench/results/order-runs-h200/rotating-1.jsonl.gz,bench/results/order-runs-h200/rotating-2.jsonl.gz ...
@@ -65,6 +69,23 @@ def compare(a: dict[str, dict[tuple[int, ...], float]],
     return result
 
 
+def shape_shift(a: dict[str, dict[tuple[int, ...], float]],
+                b: dict[str, dict[tuple[int, ...], float]]) -> dict[str, dict[str, float]]:
+    """Tile shape "BMxBN wW" -> the configs compared and the mean of log(time_b / time_a) less
+    the problem's median (see the module docstring)."""
+    shifts: dict[str, list[float]] = {}
+    for label in sorted(set(a) & set(b)):
+        common = [c for c in a[label] if c in b[label]]
+        if len(common) < 2:
+            continue
+        logs = [math.log(b[label][c] / a[label][c]) for c in common]
+        level = statistics.median(logs)
+        for c, x in zip(common, logs, strict=True):
+            shifts.setdefault(f"{c[0]}x{c[1]} w{c[4]}", []).append(x - level)
+    return {shape: {"configs": len(xs), "mean_log_shift": round(statistics.fmean(xs), 4)}
+            for shape, xs in sorted(shifts.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
@@ -77,10 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         paths = files.split(",")
         if not name or len(paths) != 2:
             raise InputError(f"bad pair {spec!r}: give NAME=A,B (two datasets)")
-        out["pairs"][name] = {"a": paths[0], "b": paths[1], "problems": compare(load(paths[0]), load(paths[1]))}
+        a, b = load(paths[0]), load(paths[1])
+        out["pairs"][name] = {"a": paths[0], "b": paths[1], "problems": compare(a, b), "shape_shift": shape_shift(a, b)}
         for label, r in out["pairs"][name]["problems"].items():
             print(f"{name:34s} {label:28s} median {r['median_abs_log_ratio']:.3f} max {r['max_abs_log_ratio']:.3f} "
                   f"{'same best' if r['same_best'] else 'best differs: ' + str(r['a_best_in_b_over_b_best'])}")
+        for shape, r in out["pairs"][name]["shape_shift"].items():
+            print(f"{name:34s} {shape:28s} {r['configs']:4d} configs, mean shift {r['mean_log_shift']:+.3f}")
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

@@ -1,0 +1,83 @@
+"""bench/refit_sets.py (each recorded grid scored with constants fitted on the others, beside the
+shipped ones) and bench/order_compare.py's shift by tile shape between two recordings."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import fit_rules  # type: ignore[import-not-found]  # noqa: E402
+import order_compare  # type: ignore[import-not-found]  # noqa: E402
+import refit_sets  # type: ignore[import-not-found]  # noqa: E402
+
+H200 = str(REPO / "data/replay/matmul-h200.jsonl.gz")
+RERECORD = str(REPO / "data/replay/matmul-h200-rerecord-shuffled.jsonl.gz")
+
+
+def test_each_grid_is_scored_with_constants_fitted_on_the_others_and_with_the_shipped_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fitted_on: list[set[str]] = []
+
+    def quick_fit(data: Any) -> Any:  # a short fit: what is fitted on, not how well, is checked here
+        fitted_on.append({d.problem.label() for d in data})
+        return fit_rules.fit(data, evals=3)
+
+    monkeypatch.setattr(refit_sets, "fit", quick_fit)
+    out = tmp_path / "refit.json"
+    assert refit_sets.main(["--out", str(out), H200, RERECORD]) == 0
+    result = json.loads(out.read_text())
+    h200 = {p.label() for p in refit_sets.load_dataset(H200, refit_sets.get_family("matmul")).problems}
+    rerecord = {p.label() for p in refit_sets.load_dataset(RERECORD, refit_sets.get_family("matmul")).problems}
+    assert fitted_on == [rerecord, h200]  # never on the grid it scores
+    assert set(result["held_out"]) == {H200, RERECORD}
+    for path, labels in ((H200, h200), (RERECORD, rerecord)):
+        row = result["held_out"][path]
+        assert row["fitted_on"] == [p for p in (H200, RERECORD) if p != path]
+        assert set(row["refit_constants"]) == set(fit_rules.SAVED)
+        for arm in ("shipped", "refit"):
+            scored = row[arm]
+            assert scored["problems"] == len(labels) and set(scored["per_problem_regret"]) == labels
+            assert scored["within_2pct"] == sum(r <= 0.02 for r in scored["per_problem_regret"].values())
+            assert all(r >= 0 for r in scored["per_problem_regret"].values())
+            reach = scored["per_problem_configs_to_2pct"].values()
+            assert all(n is None or 1 <= n <= refit_sets.LONGEST for n in reach)
+    assert result["shipped_constants"]["mma_half_n"] == refit_sets.DEFAULT_CONSTANTS.mma_half_n
+
+
+def test_one_grid_alone_is_refused_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "refit.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench/refit_sets.py"), "--out", str(out), H200], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "refit_sets.py: error: give at least two datasets (got 1): each is scored with constants fitted on the others"]
+    assert not out.exists()
+
+
+def _tile(bm: int, bn: int, warps: int, stages: int = 3) -> tuple[int, ...]:
+    return (bm, bn, 64, 8, warps, stages)
+
+
+def test_the_shape_shift_cancels_a_level_shift_and_shows_a_shape_that_moved() -> None:
+    a = {"p": {_tile(128, 128, 8): 1.0, _tile(128, 256, 8): 0.9, _tile(64, 64, 4): 2.0, _tile(64, 64, 4, 4): 2.2}}
+    # the whole problem 10% slower (another clock), and 128x256 a further 5% slower
+    b = {"p": {c: t * 1.1 * (1.05 if c[:2] == (128, 256) else 1.0) for c, t in a["p"].items()}}
+    shift = order_compare.shape_shift(a, b)
+    assert set(shift) == {"128x128 w8", "128x256 w8", "64x64 w4"}
+    assert shift["64x64 w4"] == {"configs": 2, "mean_log_shift": 0.0}
+    assert shift["128x128 w8"]["mean_log_shift"] == 0.0
+    assert shift["128x256 w8"]["mean_log_shift"] == pytest.approx(math.log(1.05), abs=1e-4)
+
+
+def test_the_shape_shift_reads_only_configs_both_recordings_timed() -> None:
+    a = {"p": {_tile(128, 128, 8): 1.0, _tile(64, 64, 4): 2.0}, "only-a": {_tile(64, 64, 4): 1.0}}
+    b = {"p": {_tile(128, 128, 8): 1.0, _tile(128, 256, 8): 0.5}}
+    assert order_compare.shape_shift(a, b) == {}  # one config in common: no shift to read
