@@ -2,15 +2,16 @@
 does the model gain from more data, or from data recorded with today's timer, than from the one
 grid its shipped constants were fitted on?
 
-    python bench/refit_sets.py --out bench/results/refit-sets-h100-h200.json A.jsonl.gz B.jsonl.gz ...
+    python bench/refit_sets.py --out bench/results/refit-sets-newer.json [--held-out C.gz] A.gz B.gz C.gz ...
 
-For each dataset given: the constants fitted (`bench/fit_rules.fit`, from its NEUTRAL start) on
-the problems of every other dataset given, then `rules` cold at 8 configs on each of its problems
-(`bench/search.drive`, batches of 4; one seed: `rules` picks the same configs for every seed),
-scored with those constants and with the shipped ones in the same run. Per dataset and arm:
-problems within 2% of the recorded optimum at 8 configs, mean and worst regret there, and the
-configs it took to come within 2% (median and mean over the problems; a campaign runs to 32,
-and a problem not within 2% by then counts as infinite in the median and leaves the mean out).
+For each dataset given (or each named by --held-out): the constants fitted (`bench/fit_rules.fit`,
+from its NEUTRAL start) on the problems of every other dataset given, then `rules` cold at 8
+configs on each of its problems (`bench/search.drive`, batches of 4; one seed: `rules` picks the
+same configs for every seed), scored with those constants and with the shipped ones in the same
+run. Per dataset and arm: problems within 2% of the recorded optimum at 8 configs, mean and worst
+regret there, and the configs it took to come within 2% (median and mean over the problems; a
+campaign runs to 32, and a problem not within 2% by then counts as infinite in the median and
+leaves the mean out).
 """
 
 from __future__ import annotations
@@ -64,11 +65,16 @@ def score(dataset: ReplayDataset, constants: Constants) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
+    ap.add_argument("--held-out", action="append", default=[], metavar="DATASET",
+                    help="score only this one of the datasets (repeatable; default: each in turn)")
     ap.add_argument("datasets", nargs="+", help="recorded matmul grids (bench/record.py), at least two")
     args = ap.parse_args(argv)
     if len(args.datasets) < 2:
         raise InputError(f"give at least two datasets (got {len(args.datasets)}): each is scored with constants "
                          "fitted on the others")
+    for path in args.held_out:
+        if path not in args.datasets:
+            raise InputError(f"--held-out {path!r} is not among the datasets given ({', '.join(args.datasets)})")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     family = get_family(KERNEL)
     sets = {path: load_dataset(path, family) for path in args.datasets}
@@ -78,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git("rev-parse", "--short", "HEAD"), "machine": machine(), "budget": BUDGET, "batch": 4,
         "shipped_constants": {n: getattr(DEFAULT_CONSTANTS, n) for n in SAVED}, "held_out": {}}
     for path, ds in sets.items():
+        if args.held_out and path not in args.held_out:
+            continue
         t0 = time.perf_counter()
         train = [d for other, ds_data in data.items() if other != path for d in ds_data]
         refit = fit(train)

@@ -51,6 +51,10 @@ def test_each_grid_is_scored_with_constants_fitted_on_the_others_and_with_the_sh
             assert all(n is None or 1 <= n <= refit_sets.LONGEST for n in reach)
     assert result["shipped_constants"]["mma_half_n"] == refit_sets.DEFAULT_CONSTANTS.mma_half_n
 
+    fitted_on.clear()  # --held-out: that grid alone is scored, fitted on the other
+    assert refit_sets.main(["--out", str(out), "--held-out", RERECORD, H200, RERECORD]) == 0
+    assert fitted_on == [h200] and set(json.loads(out.read_text())["held_out"]) == {RERECORD}
+
 
 def test_one_grid_alone_is_refused_in_one_line(tmp_path: Path) -> None:
     out = tmp_path / "refit.json"
@@ -59,6 +63,17 @@ def test_one_grid_alone_is_refused_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "refit_sets.py: error: give at least two datasets (got 1): each is scored with constants fitted on the others"]
+    assert not out.exists()
+
+
+def test_a_held_out_grid_that_is_not_among_the_datasets_is_refused_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "refit.json"
+    argv = ["--out", str(out), "--held-out", "nope.gz", H200, RERECORD]
+    proc = subprocess.run([sys.executable, str(REPO / "bench/refit_sets.py"), *argv], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("refit_sets.py: error: --held-out 'nope.gz' is not among the datasets given (")
     assert not out.exists()
 
 
