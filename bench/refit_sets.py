@@ -54,9 +54,10 @@ def score(dataset: ReplayDataset, constants: Constants) -> dict[str, Any]:
         regret[p.label()] = round(best_after(trace, BUDGET) / best - 1.0, 5)
         reach[p.label()] = configs_to_reach(trace, best * (1.0 + TOLERANCE))
     finite = [x for x in reach.values() if math.isfinite(x)]
+    median = statistics.median(reach.values())
     return {"within_2pct": sum(r <= TOLERANCE for r in regret.values()), "problems": len(regret),
             "mean_regret": round(statistics.fmean(regret.values()), 5), "worst_regret": max(regret.values()),
-            "configs_to_2pct_median": statistics.median(reach.values()),
+            "configs_to_2pct_median": median if math.isfinite(median) else None,  # None: most never came within 2%
             "configs_to_2pct_mean": round(statistics.fmean(finite), 3) if len(finite) == len(reach) else None,
             "per_problem_regret": regret,
             "per_problem_configs_to_2pct": {k: (v if math.isfinite(v) else None) for k, v in reach.items()}}
