@@ -81,7 +81,9 @@ def shape_shift(a: dict[str, dict[tuple[int, ...], float]],
         logs = [math.log(b[label][c] / a[label][c]) for c in common]
         level = statistics.median(logs)
         for c, x in zip(common, logs, strict=True):
-            shifts.setdefault(f"{c[0]}x{c[1]} w{c[4]}", []).append(x - level)
+            shape = dict(zip(TILE, c, strict=True))
+            key = f"{shape['BLOCK_SIZE_M']}x{shape['BLOCK_SIZE_N']} w{shape['num_warps']}"
+            shifts.setdefault(key, []).append(x - level)
     return {shape: {"configs": len(xs), "mean_log_shift": round(statistics.fmean(xs), 4)}
             for shape, xs in sorted(shifts.items())}
 

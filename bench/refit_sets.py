@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_env import git, machine, run_main
 from fit_rules import SAVED, fit, problem_data
-from search import KERNEL, TOLERANCE, best_after, configs_to_reach, drive
+from search import BATCH, KERNEL, TOLERANCE, best_after, configs_to_reach, drive
 
 from tilepilot.agents.tile_model import DEFAULT_CONSTANTS, Constants
 from tilepilot.experiments import InputError
@@ -49,7 +49,8 @@ def score(dataset: ReplayDataset, constants: Constants) -> dict[str, Any]:
     regret: dict[str, float] = {}
     reach: dict[str, float] = {}
     for p in dataset.problems:
-        best = min(r.median_ms for r in dataset.records(p).values() if r.median_ms is not None)
+        best = dataset.optimum_ms(p)
+        assert best is not None  # main refuses a dataset with a problem no config was timed on
         trace = drive(dataset, p, "rules", 0, LONGEST, constants)
         regret[p.label()] = round(best_after(trace, BUDGET) / best - 1.0, 5)
         reach[p.label()] = configs_to_reach(trace, best * (1.0 + TOLERANCE))
@@ -79,10 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     family = get_family(KERNEL)
     sets = {path: load_dataset(path, family) for path in args.datasets}
+    for path, ds in sets.items():
+        for p in ds.problems:
+            if ds.optimum_ms(p) is None:
+                raise InputError(f"{path}: {p.label()} has no timed config, so no optimum to score or fit against")
     data = {path: problem_data(ds, ds.problems) for path, ds in sets.items()}
     out: dict[str, Any] = {
         "command": " ".join(["python", "bench/refit_sets.py", *sys.argv[1:]]), "date": dt.date.today().isoformat(),
-        "commit": git("rev-parse", "--short", "HEAD"), "machine": machine(), "budget": BUDGET, "batch": 4,
+        "commit": git("rev-parse", "--short", "HEAD"), "machine": machine(), "budget": BUDGET, "batch": BATCH,
         "shipped_constants": {n: getattr(DEFAULT_CONSTANTS, n) for n in SAVED}, "held_out": {}}
     for path, ds in sets.items():
         if args.held_out and path not in args.held_out:
@@ -105,4 +110,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(run_main(main))
-

@@ -3,6 +3,7 @@ shipped ones) and bench/order_compare.py's shift by tile shape between two recor
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import subprocess
@@ -74,6 +75,24 @@ def test_a_held_out_grid_that_is_not_among_the_datasets_is_refused_in_one_line(t
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("refit_sets.py: error: --held-out 'nope.gz' is not among the datasets given (")
+    assert not out.exists()
+
+
+def test_a_grid_with_a_problem_no_config_was_timed_on_is_refused_in_one_line(tmp_path: Path) -> None:
+    rows = [json.loads(line) for line in gzip.open(RERECORD, "rt", encoding="utf-8")]
+    first = next(r["problem"] for r in rows if "problem" in r)
+    for r in rows:
+        if r.get("problem") == first and r.get("status") == "ok":
+            r.update(status="crashed", median_ms=None, p20_ms=None, p80_ms=None, min_ms=None, message="killed")
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "refit.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench/refit_sets.py"), "--out", str(out), str(broken), H200],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    label = f"M={first['M']} N={first['N']} K={first['K']} {first['dtype']}"
+    assert line == f"refit_sets.py: error: {broken}: {label} has no timed config, so no optimum to score or fit against"
     assert not out.exists()
 
 
