@@ -173,6 +173,9 @@ def test_best_takes_the_history_filters(db, capsys):
     (["--triton", "3.6; DROP TABLE results"], "DROP TABLE results", "version"),
     (["--device", ""], "''", "name"),
     (["--campaign", "nope"], "'nope'", "known: r, g, o"),
+    (["--problem", "Q>=5"], "'Q'", "fields: K, M, N, dtype"),  # no stored problem has it: it would match nothing
+    (["--problem", "m<=64"], "'m'", "fields: K, M, N, dtype"),
+    (["--kernel", "matmul", "--problem", "M<=64,topk=2"], "'topk'", "no problem of kernel 'matmul'"),
 ])
 def test_bad_filter_is_one_line_naming_the_value_and_what_is_allowed(store, capsys, argv, names, allowed):
     before = store.read_bytes()
@@ -182,6 +185,12 @@ def test_bad_filter_is_one_line_naming_the_value_and_what_is_allowed(store, caps
         assert err.startswith("tilepilot: error:") and err.count("\n") == 1
         assert names in err and allowed in err, err
     assert store.read_bytes() == before
+
+
+def test_a_field_is_checked_only_against_problems_the_store_holds(store, capsys):
+    # a kernel with no stored problems has no fields to name: the filter matches nothing, quietly
+    assert history(capsys, store, "--kernel", "softmax", "--problem", "rows<=64") == []
+    assert history(capsys, store, "--kernel", "softmax", "--problem", "M<=64") == []
 
 
 @pytest.mark.parametrize("value", ["matmul' OR '1'='1", "%", "_", "\" OR 1=1 --"])

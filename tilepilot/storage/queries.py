@@ -109,7 +109,32 @@ def history(db: ReadOnlyDB, *, campaign: str | int | None = None, kernel: str | 
 def history_filters(db: ReadOnlyDB, *, campaign: str | int | None = None, **given: Any) -> Filters:
     """`Filters` from the keyword arguments of `history` (the campaign resolved by name or id)."""
     cid = _campaign_id(db, campaign) if campaign is not None else None
-    return parse_filters(campaign_id=cid, **given)
+    f = parse_filters(campaign_id=cid, **given)
+    _check_fields(db, f)
+    return f
+
+
+# One stored problem of each (kernel, problem key), through the index on them, and its field names.
+_FIELDS = """
+SELECT DISTINCT j.key AS name
+FROM (SELECT problem FROM experiments {where} GROUP BY kernel, problem_key) p, json_each(p.problem) j
+"""
+
+
+def _check_fields(db: ReadOnlyDB, f: Filters) -> None:
+    """Raises InputError when a problem bound names a field no stored problem (of the kernel asked
+    for) has: "Q>=5" or "m<=64" would otherwise match nothing without a word. A store without
+    problems (of that kernel) has nothing to name, and is let through."""
+    names = sorted({b.param for b in f.scope.bounds})
+    if not names:
+        return
+    where, params = ("WHERE kernel = ?", [f.kernel]) if f.kernel else ("", [])
+    fields = {str(r["name"]) for r in db.rows(_FIELDS.format(where=where), params)}
+    unknown = [n for n in names if n not in fields]
+    if fields and unknown:
+        of = f" of kernel {f.kernel!r}" if f.kernel else ""
+        raise InputError(f"--problem: no problem{of} in the store has a field {unknown[0]!r} "
+                         f"(its problems' fields: {', '.join(sorted(fields))})")
 
 
 def _history_row(r: dict[str, Any]) -> HistoryRow:
