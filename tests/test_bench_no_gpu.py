@@ -20,6 +20,7 @@ GPU_BENCHMARKS = [
     ("hostdesc_probe.py", []), ("store_probe.py", []), ("ws_probe.py", []), ("remeasure_probe.py", []),
     ("multicast_probe.py", []), ("pad_probe.py", []), ("group_probe.py", []),
     ("sibling_gpu.py", ["--work", "sibling-work-never-made"]),
+    ("arbitrate_sets.py", ["run", "bench/results/arbitrate-sets-h200-plan.json"]),
 ]
 
 
