@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import statistics
 import sys
 import time
@@ -97,7 +96,12 @@ def plan(datasets: list[str], budget: int) -> dict[str, Any]:
 def run(plan_path: Path, out: Path, repeats: int) -> dict[str, Any]:
     from tilepilot.kernels.evaluate import Evaluator
 
-    report = json.loads(plan_path.read_text(encoding="utf-8"))
+    try:
+        report = json.loads(plan_path.read_text(encoding="utf-8"))
+        if not isinstance(report, dict) or not isinstance(report.get("problems"), list) or "device" not in report:
+            raise ValueError("no device and problems")
+    except ValueError as e:
+        raise InputError(f"plan {str(plan_path)!r} is not a plan of this script ({type(e).__name__}: {e})") from None
     ev = Evaluator("gpu", spread_target=0.01, time_cap_ms=100.0)
     env = ev.environment()
     if env.device != report["device"]:
@@ -137,7 +141,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         done = [r for r in group if r.get("regret_retimed") is not None]
         return {"problems": len(group), "within_2pct_recorded": sum(r["regret_recorded"] <= TOLERANCE for r in group),
                 "retimed": len(done), "within_2pct_retimed": sum(r["regret_retimed"] <= TOLERANCE for r in done),
-                "max_regret_retimed": max((r["regret_retimed"] for r in done), default=math.nan)}
+                "max_regret_retimed": max((r["regret_retimed"] for r in done), default=None)}
     grids = sorted({r["dataset"] for r in rows})
     return {"all": of(rows), **{g: of([r for r in rows if r["dataset"] == g]) for g in grids}}
 
@@ -154,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", required=True, type=Path)
     r.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
+    if not args.out.parent.is_dir():
+        raise InputError(f"--out {str(args.out)!r}: folder {str(args.out.parent)!r} does not exist")
     if args.verb == "plan":
         if args.budget < 1:
             raise InputError(f"--budget {args.budget} must be at least 1")

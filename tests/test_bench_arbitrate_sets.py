@@ -1,6 +1,6 @@
-"""bench/arbitrate_sets.py: the plan (the config `rules` ranks best of its first 8 and the recorded
-optimum, on every problem of the grids) and its refusals. Timing the two side by side needs a GPU
-of the grids' device; without one `run` ends in one line."""
+"""bench/arbitrate_sets.py: the plan (the fastest by recorded times of the first 8 configs `rules`
+measures, and the recorded optimum, on every problem of the grids) and its refusals. Timing the
+two side by side needs a GPU of the grids' device; without one `run` ends in one line."""
 
 from __future__ import annotations
 
@@ -63,8 +63,13 @@ def test_the_summary_counts_what_was_re_timed_per_grid_and_over_all() -> None:
     (["plan", "--datasets", "{tmp}/absent.jsonl.gz", "--out", "{tmp}/p.json"], "absent.jsonl.gz"),
     (["run", "{tmp}/absent.json", "--out", "{tmp}/r.json"], "absent.json"),
     (["run", "{tmp}/absent.json", "--repeats", "0", "--out", "{tmp}/r.json"], "--repeats 0"),
+    (["run", "{tmp}/junk.json", "--out", "{tmp}/r.json"], "not a plan"),
+    (["run", "{tmp}/list.json", "--out", "{tmp}/r.json"], "not a plan"),
+    (["plan", "--datasets", H200, "--out", "{tmp}/absent/p.json"], "does not exist"),
 ])
 def test_mistakes_are_one_line(tmp_path: Path, argv: list[str], says: str) -> None:
+    (tmp_path / "junk.json").write_text("[1, 2")
+    (tmp_path / "list.json").write_text("[1, 2]")
     args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     done = subprocess.run([sys.executable, str(REPO / "bench/arbitrate_sets.py"), *args],
                           capture_output=True, text=True, timeout=300)
