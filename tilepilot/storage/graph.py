@@ -30,7 +30,7 @@ from tilepilot.experiments import InputError, Problem, Value
 from tilepilot.experiments.hypothesis import Scope
 from tilepilot.storage import ledger
 from tilepilot.storage.ledger import EvidenceRow, HypothesisRow, LearningRow
-from tilepilot.storage.queries import ReadOnlyDB
+from tilepilot.storage.queries import ReadOnlyDB, problem_fields
 from tilepilot.storage.rows import in_chunks, loads
 
 NODE_KINDS = ("campaign", "kernel", "problem", "config", "experiment", "hypothesis", "learning", "device")
@@ -446,8 +446,7 @@ def _check_kernel_device(db: ReadOnlyDB, kernel: str, device: str | None) -> Non
 def _check_params(db: ReadOnlyDB, kernel: str, scope: Scope) -> None:
     if not scope.bounds:
         return
-    one = db.rows("SELECT problem FROM experiments WHERE kernel = ? LIMIT 1", [kernel])
-    known = list(loads(one[0]["problem"])) if one else []
+    known = problem_fields(db, kernel)
     bad = [p for p in scope.params if p not in known]
     if bad:
         raise InputError(f"unknown problem parameter {bad[0]!r} in the filter (known for {kernel}: "

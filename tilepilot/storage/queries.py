@@ -121,6 +121,12 @@ FROM (SELECT problem FROM experiments {where} GROUP BY kernel, problem_key) p, j
 """
 
 
+def problem_fields(db: ReadOnlyDB, kernel: str | None = None) -> list[str]:
+    """The field names of the stored problems (of `kernel`, else of every kernel), sorted."""
+    where, params = ("WHERE kernel = ?", [kernel]) if kernel else ("", [])
+    return sorted({str(r["name"]) for r in db.rows(_FIELDS.format(where=where), params)})
+
+
 def _check_fields(db: ReadOnlyDB, f: Filters) -> None:
     """Raises InputError when a problem bound names a field no stored problem (of the kernel asked
     for) has: "Q>=5" or "m<=64" would otherwise match nothing without a word. A store without
@@ -128,13 +134,12 @@ def _check_fields(db: ReadOnlyDB, f: Filters) -> None:
     names = sorted({b.param for b in f.scope.bounds})
     if not names:
         return
-    where, params = ("WHERE kernel = ?", [f.kernel]) if f.kernel else ("", [])
-    fields = {str(r["name"]) for r in db.rows(_FIELDS.format(where=where), params)}
+    fields = problem_fields(db, f.kernel)
     unknown = [n for n in names if n not in fields]
     if fields and unknown:
         of = f" of kernel {f.kernel!r}" if f.kernel else ""
         raise InputError(f"--problem: no problem{of} in the store has a field {unknown[0]!r} "
-                         f"(its problems' fields: {', '.join(sorted(fields))})")
+                         f"(its problems' fields: {', '.join(fields)})")
 
 
 def _history_row(r: dict[str, Any]) -> HistoryRow:
