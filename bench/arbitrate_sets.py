@@ -57,16 +57,9 @@ def pick_of(dataset: ReplayDataset, problem: Problem, budget: int) -> tuple[Conf
     return c, t
 
 
-def optimum_of(dataset: ReplayDataset, problem: Problem) -> tuple[Config, float] | None:
-    """The recorded optimum (ties: the first config key), as bench/gpu_campaign.py's arbitration takes it."""
-    ok = [(r.median_ms, c) for c, r in dataset.records(problem).items() if r.median_ms is not None]
-    if not ok:
-        return None
-    t, c = min(ok, key=lambda x: (x[0], x[1].key()))
-    return c, t
-
-
 def plan(datasets: list[str], budget: int) -> dict[str, Any]:
+    import search
+
     family = get_family(KERNEL)
     rows: list[dict[str, Any]] = []
     devices: set[str] = set()
@@ -74,12 +67,13 @@ def plan(datasets: list[str], budget: int) -> dict[str, Any]:
         ds = load_dataset(path, family)
         devices.add(ds.device)
         for problem in ds.problems:
-            opt, pick = optimum_of(ds, problem), pick_of(ds, problem, budget)
-            if opt is None or pick is None:
+            pick = pick_of(ds, problem, budget) if ds.optimum_ms(problem) is not None else None
+            if pick is None:
                 raise InputError(f"{path}: {problem.label()} has no timed config to compare")
+            opt = search.recorded_winner(ds, problem)  # ties: the first config key
             rows.append({"dataset": path, "problem": problem.as_dict(), "label": problem.label(),
-                         "pick": pick[0].as_dict(), "optimum": opt[0].as_dict(),
-                         "regret_recorded": round(pick[1] / opt[1] - 1.0, 5), "same": pick[0] == opt[0]})
+                         "pick": pick[0].as_dict(), "optimum": opt.config.as_dict(),
+                         "regret_recorded": round(pick[1] / opt.median_ms - 1.0, 5), "same": pick[0] == opt.config})
     if len(devices) != 1:
         raise InputError(f"the grids were recorded on {len(devices)} devices ({', '.join(sorted(devices))}): "
                          "give grids of one device")
