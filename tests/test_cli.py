@@ -102,7 +102,7 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path, dataset, capsys):
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == ("campaign dry: kernel matmul, proposer random, backend replay, budget 5 per problem, "
-                        "2 problem(s), at most 10 trials")
+                        "2 problem(s), at most 10 configs measured (results in the store are reused, free)")
     assert lines[1:3] == ["  M=512 N=512 K=512 fp16: 16 valid configs in the space",
                           "  M=64 N=1024 K=2048 bf16: 16 valid configs in the space"]
     assert lines[3:] == [f"estimate: no store at {db} yet, so no history to estimate from"]
@@ -204,10 +204,11 @@ def test_history_filters_campaign_status_proposer_problem(tmp_path, dataset, tun
     other = write_campaign(tmp_path / "g.toml", name="g", proposer="grid", budget=4)
     assert run(capsys, *tune_args(other, dataset, tuned))[0] == 0
     everything = history_json(capsys, tuned)
-    assert len(everything) == (BUDGET + 4) * len(PROBLEMS)
-
     mine = history_json(capsys, tuned, "--campaign", "g")
-    assert len(mine) == 4 * len(PROBLEMS) and {r["campaign"] for r in mine} == {"g"}
+    assert len(everything) == BUDGET * len(PROBLEMS) + len(mine) and {r["campaign"] for r in mine} == {"g"}
+    for problem in PROBLEMS:  # 4 measured; what the grid walks of t's results is reused, free
+        assert sum(not r["reused"] for r in mine if r["problem"] == problem) == 4
+    reused_512 = sum(r["reused"] for r in mine if r["problem"]["M"] == 512)
 
     ok = history_json(capsys, tuned, "--status", "ok")
     assert ok and all(r["status"] == "ok" for r in ok)
@@ -217,7 +218,7 @@ def test_history_filters_campaign_status_proposer_problem(tmp_path, dataset, tun
     assert len(listed) == len(PROBLEMS) and all(r["config"]["num_warps"] == 8 for r in listed)
 
     m512 = history_json(capsys, tuned, "--problem", "M=512")
-    assert len(m512) == (BUDGET + 4) and all(r["problem"]["M"] == 512 for r in m512)
+    assert len(m512) == BUDGET + 4 + reused_512 and all(r["problem"]["M"] == 512 for r in m512)
     both = history_json(capsys, tuned, "--problem", "M=512", "--problem", "dtype=fp16", "--campaign", "t")
     assert len(both) == BUDGET
     assert history_json(capsys, tuned, "--problem", "M=512", "--problem", "dtype=bf16") == []

@@ -85,6 +85,23 @@ def test_a_campaign_records_its_gpu_seconds_and_the_estimate_beside_the_actual(d
     assert all(p["basis"] == "this problem" and p["trials"] == 10 for p in per_problem.values())
 
 
+def test_the_estimate_measures_the_budget_beside_what_it_expects_to_reuse(datasets, tmp_path, capsys):
+    first, _ = datasets
+    db = tmp_path / "part.db"
+    a = campaign_file(tmp_path / "a.toml", "a", proposer="grid", budget=8, seed=1, problems=PROBLEMS[:2])
+    assert run(capsys, "tune", a, "--backend", "replay", "--dataset", first, "--db", db)[0] == 0
+    b = campaign_file(tmp_path / "b.toml", "b", proposer="random", budget=8, seed=3, problems=PROBLEMS[:2])
+    code, out, err = run(capsys, "tune", b, "--backend", "replay", "--dataset", first, "--db", db, "--dry-run")
+    assert code == 0, err
+    valid = int(out.splitlines()[1].split(": ")[1].split()[0])  # valid configs of the first problem
+    reused = 8 * 8 / (valid - 8 + 1)  # 8 measured; drawn independently of the 8 stored, these come on the way
+    assert f"for 16 of {16 + 2 * round(reused)} trial(s) measured" in out, out
+    assert run(capsys, "tune", b, "--backend", "replay", "--dataset", first, "--db", db)[0] == 0
+    measured = sql(db, "SELECT t.problem_key, SUM(t.reused = 0) AS n FROM trials t JOIN campaigns c "
+                       "ON c.id = t.campaign_id WHERE c.name = 'b' GROUP BY t.problem_key")
+    assert [r["n"] for r in measured] == [8, 8]  # the budget, measured; what it met of a's, reused free
+
+
 def test_the_estimate_expects_configs_already_in_the_store_to_cost_nothing(datasets, tmp_path, capsys):
     first, _ = datasets
     db = tmp_path / "r.db"
@@ -92,7 +109,8 @@ def test_the_estimate_expects_configs_already_in_the_store_to_cost_nothing(datas
     assert run(capsys, "tune", a, "--backend", "replay", "--dataset", first, "--db", db)[0] == 0
     b = campaign_file(tmp_path / "b.toml", "b", proposer="random", budget=8, seed=3, problems=PROBLEMS[:2])
     code, out, err = run(capsys, "tune", b, "--backend", "replay", "--dataset", first, "--db", db, "--dry-run")
-    assert code == 0 and "estimate: 0 GPU-s for 0 of 16 trial(s) measured" in out, err
+    # every valid config is in the store: each is reused, free, and none is left to measure
+    assert code == 0 and "estimate: 0 GPU-s for 0 of 64 trial(s) measured" in out, err
     assert run(capsys, "tune", b, "--backend", "replay", "--dataset", first, "--db", db)[0] == 0
     assert sql(db, "SELECT COUNT(*) AS n FROM trials t JOIN campaigns c ON c.id = t.campaign_id "
                    "WHERE c.name = 'b' AND t.reused = 0")[0]["n"] == 0

@@ -105,6 +105,30 @@ def test_second_campaign_reuses_experiments_from_the_store(tmp_path, dataset):
     con.close()
 
 
+def test_a_result_reused_from_the_store_is_free_of_the_budget(tmp_path, dataset):
+    """A second campaign of the same proposer and seed proposes what the first measured: reused, told
+    to the proposer and a candidate winner, but not counted: it measures its budget beside them."""
+    tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "a.toml", name="a", proposer="rules", budget=6)))
+    out = tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "b.toml", name="b", proposer="rules", budget=6),
+                     cold=True))
+    rows = _trials(tmp_path / "t.db")
+    first = {r[2] for r in rows if r[0] == 1}
+    for problem in {r[1] for r in rows}:
+        second = [r for r in rows if r[0] == 2 and r[1] == problem]
+        assert sum(r[3] == 0 for r in second) == 6  # the budget, measured anew
+        assert {r[2] for r in second if r[3] == 1} == {r[2] for r in second} & first  # the first's, reused
+        assert len(second) > 6  # cold, rules walks its first campaign's picks again: the reused come on top
+    store = Store(tmp_path / "t.db")
+    try:
+        best = {}
+        for _, r in store.campaign_results(1):
+            if r.median_ms is not None:
+                best[r.problem.key()] = min(best.get(r.problem.key(), r.median_ms), r.median_ms)
+    finally:
+        store.close()
+    assert all(w.median_ms <= best[w.problem_key] for w in out.winners)  # never worse than the first found
+
+
 def test_space_table_narrows_and_configs_go_first(tmp_path, dataset):
     extra = ('\n[space]\nnum_warps = [4]\n\n[[configs]]\nBLOCK_SIZE_M = 64\nBLOCK_SIZE_N = 64\nBLOCK_SIZE_K = 32\n'
              "GROUP_SIZE_M = 8\nnum_warps = 8\nnum_stages = 3\n")

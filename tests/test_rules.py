@@ -458,13 +458,21 @@ def test_history_of_another_regime_or_with_too_few_results_is_not_read() -> None
         ProposerContext("matmul", ELEMENT_WISE, UNCHECKED, seed=0, budget=200)).prior_ms(cfg(128, 128, 64, 8, 3))
 
 
-def test_the_problems_own_earlier_results_come_before_any_other_problems() -> None:
-    history = History({NEAR: _slow_wide_tiles(NEAR), SQUARE: _slow_wide_tiles(SQUARE)})
-    p = with_history(history)
-    assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in p.propose(SearchState(), 4))
-    assert history.asked == [SQUARE]
-    assert p.drain_records().notes == (f"rules: the tile model for {SQUARE.label()} corrected by its own "
-                                       f"{len(history.results[SQUARE])} earlier results",)
+def test_the_problems_own_earlier_results_on_this_device_are_not_a_correction() -> None:
+    """They are this problem's results: the driver reuses them where rules proposes their configs;
+    as a correction they found fewer optima than none (bench/retune.py)."""
+    for version in ("", "v0"):  # measured by this kernel or another version of it
+        history = History({NEAR: _slow_wide_tiles(NEAR), SQUARE: _slow_wide_tiles(SQUARE)},
+                          versions={SQUARE: version or "v1"})
+        p = with_history(history, version="v1")
+        assert all(int(c.config["BLOCK_SIZE_N"]) == 64 for c in p.propose(SearchState(), 4))  # NEAR's correction
+        assert history.asked == [NEAR]
+        assert p.drain_records().notes[0].startswith(f"rules: the tile model for {SQUARE.label()} corrected by "
+                                                     f"{len(history.results[NEAR])} results of {NEAR.label()}")
+    alone = History({SQUARE: _slow_wide_tiles(SQUARE)})
+    p = with_history(alone)
+    assert [c.config for c in p.propose(SearchState(), 6)] == [c.config for c in rules().propose(SearchState(), 6)]
+    assert alone.asked == [] and not p.drain_records().notes
 
 
 def test_another_kernel_versions_results_count_by_distance_and_come_second_at_equal_distance(one_source: None) -> None:
@@ -504,7 +512,7 @@ def test_the_corrections_of_the_three_nearest_problems_of_the_regime_are_average
         f"and 8 of {FAR.label()} (the mean of their corrections)",)
     own = History({**truth, SQUARE: _slow_wide_tiles(SQUARE)})
     with_history(own).propose(SearchState(), 1)
-    assert own.asked == [SQUARE]  # the problem's own earlier results stand alone
+    assert own.asked == [NEAR, middle, FAR]  # not its own earlier results on this device
 
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"

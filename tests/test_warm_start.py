@@ -178,7 +178,11 @@ def test_cold_and_resumed_campaigns_start_without_warm_start(setup, capsys):
         tune(opts, on_progress=interrupt)
     tune(TuneOptions(campaign=campaign, backend="replay", dataset=setup["dataset"], db=db, resume=True))
     got = trials(db, "c")
-    assert len(got) == 8 and not [t for t in got if t[0] == "warm-start"]
+    with Store(db) as store:
+        row = store.get_campaign("c")
+        assert row is not None
+        measured = [t for t, _ in store.campaign_results(row.id) if not t.reused]
+    assert len(measured) == 8 and not [t for t in got if t[0] == "warm-start"]  # b's results, reused, are free
 
 
 def test_warm_candidates_go_in_the_order_the_proposer_predicts_when_it_predicts_them_all():

@@ -132,7 +132,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         c = p.campaign
         print(f"campaign {c.name}: kernel {c.kernel}, proposer {c.proposer}, backend {p.backend}, "
               f"budget {c.budget} per problem, {len(c.problems)} problem(s), "
-              f"at most {c.budget * len(c.problems)} trials")
+              f"at most {c.budget * len(c.problems)} configs measured (results in the store are reused, free)")
         for prob in c.problems:
             valid = len(p.spaces[prob].valid(prob))
             print(f"  {prob.label()}: {valid} valid configs in the space")

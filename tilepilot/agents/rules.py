@@ -29,8 +29,13 @@ fastest configs all have 4.
 History: where the store holds results of a problem whose operands load the same way (the
 tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both element by
 element), the nearest TRANSFER_SOURCES (3) such problems (log-shape distance) correct the model
-before this problem's first result, by the mean of their corrections; the problem itself, from an
-earlier campaign, where the store has it, stands alone. One source was the rule before: on a fresh
+before this problem's first result, by the mean of their corrections; the problem itself, measured
+on a sibling device by an earlier campaign, stands alone. Its own earlier results on this device are
+not read as a correction: as one they cost more than they gave (bench/retune.py: after an Optuna or a
+random campaign of 8 configs on the same problem, 8 configs of `rules` corrected by that campaign's
+results found fewer problems within 2% than the model alone, README "Re-tuning a problem the store
+holds"); the driver reuses them instead, as results of the campaign's own, where `rules` proposes
+their configs. One source was the rule before: on a fresh
 H200 set held out from the choice (README, "A third fresh set on the H200"), three gave as many
 problems within 2% at 8 configs and no higher a median of configs to 2%, as decided in advance
 (bench/results/matmul-h200-fresh3-plan.json). Results
@@ -322,7 +327,7 @@ class RulesProposer(Proposer):
         kernel, device, regime = self.ctx.kernel, self.ctx.device, element_wise_operands(p)
         devices = [device, *(d for d in history.devices(kernel) if siblings(device, d))]
         alike = [(q, d) for d in devices for q in history.measured_problems(kernel, d)
-                 if gemm_dims(q) is not None and element_wise_operands(q) == regime]
+                 if gemm_dims(q) is not None and element_wise_operands(q) == regime and (q, d) != (p, device)]
 
         version = self.ctx.kernel_version
         other_version = {(q, on): bool(version) and version not in history.kernel_versions(kernel, on, q)
@@ -358,7 +363,7 @@ class RulesProposer(Proposer):
             self._sources.append((q, len(ys), "" if on == device else on))
             where = "" if on == device else f" on the {on}"
             if q == p:
-                part = f"its own {len(ys)} earlier results{where}"
+                part = f"its own {len(ys)} earlier results{where}"  # on a sibling device
             elif not parts:
                 part = f"{len(ys)} results of {q.label()}{where}, the nearest problem the store holds with {loads}"
             else:
@@ -367,7 +372,7 @@ class RulesProposer(Proposer):
                 part += f" (measured by another version of the kernel than {version})"
             parts.append(part)
             if (q == p and len(parts) == 1) or len(parts) == TRANSFER_SOURCES:
-                break  # the problem's own earlier results, the nearest there can be, stand alone
+                break  # the problem's own earlier results (on a sibling), the nearest there can be, stand alone
         if parts:
             mean = "" if len(parts) == 1 else " (the mean of their corrections)"
             rest = ", ".join(parts[1:-1]) + (" and " if len(parts) > 2 else "") + parts[-1] if len(parts) > 1 else ""

@@ -5,6 +5,12 @@ point resumes with `resume=True`: finished trials are read back and told to the 
 work that was running goes back to the queue, and no experiment is measured twice (an
 experiment whose key is already in the store is reused, not re-measured).
 
+The budget counts the configs a campaign measures: a result reused from the store (an earlier
+campaign measured the same experiment) is a result of the campaign's own, told to its proposer and
+a candidate winner, but free. A campaign on a problem the store holds therefore measures as many
+new configs as one on a problem it does not; counting reused results, a second `rules` campaign of
+8 configs after a first re-proposed the first's 8 and measured nothing new (bench/retune.py).
+
 The queue: entries are queued in proposal order (each problem's turns interleave in that
 order); after each collected batch the queued entries of the problems that got results are
 re-scored (`queue_scoring`: predictions, hypotheses, failure regions), each reordering logged
@@ -77,7 +83,7 @@ class ProblemRun:
     space: SearchSpace
     proposer: Proposer
     state: SearchState = field(default_factory=SearchState)
-    counted: int = 0  # distinct configs measured (or reused) against the budget
+    counted: int = 0  # distinct configs measured against the budget (a result reused from the store is free)
     exhausted: bool = False
     invalid_streak: int = 0
     reserved: int = 0  # budget held back from the proposer for hypothesis experiments
@@ -221,7 +227,7 @@ class Driver:
             run = by_key.get(trial.problem_key)
             if run is None or result.config in run.state.results:
                 continue
-            self._learn(run, result)
+            self._learn(run, result, reused=trial.reused)
         requeued = self.store.requeue_unfinished(self.campaign_id)
         if requeued:
             self.store.log_event("resumed", f"{requeued} unfinished experiment(s) back in the queue",
@@ -292,23 +298,27 @@ class Driver:
         active = sum(1 for run in self.runs.values() if not run.exhausted and run.counted < self.campaign.budget)
         limit = pending_limit(self.executor, self.batch_size, problems=active)
         for run in self.runs.values():
-            want = min(self.campaign.budget - run.counted - len(run.state.pending) - run.reserved,
-                       limit - len(run.state.pending))
-            if run.exhausted or want <= 0:
-                continue
-            proposals = run.proposer.propose(run.state, want)
-            self._drain(run)
-            if not proposals:
-                run.exhausted = True
-                self.store.log_event("exhausted", f"{run.proposer.name} has nothing more to propose "
-                                     f"for {run.problem.label()}", campaign_id=self.campaign_id)
-                continue
-            # a config dropped off the queue is in `seen`, but a proposer may not have been told (llm)
-            proposals = [c for c in proposals if c.config not in run.state.dropped]
-            for cand in proposals:
-                if cand.config in run.state.seen:
-                    raise RuntimeError(f"{run.proposer.name} proposed a config it had seen: {cand.config}")
-            self._admit(run, proposals)
+            while not run.exhausted:  # again while what it proposed needed no GPU (reused, invalid)
+                want = min(self.campaign.budget - run.counted - len(run.state.pending) - run.reserved,
+                           limit - len(run.state.pending))
+                if want <= 0:
+                    break
+                proposals = run.proposer.propose(run.state, want)
+                self._drain(run)
+                if not proposals:
+                    run.exhausted = True
+                    self.store.log_event("exhausted", f"{run.proposer.name} has nothing more to propose "
+                                         f"for {run.problem.label()}", campaign_id=self.campaign_id)
+                    break
+                # a config dropped off the queue is in `seen`, but a proposer may not have been told (llm)
+                proposals = [c for c in proposals if c.config not in run.state.dropped]
+                for cand in proposals:
+                    if cand.config in run.state.seen:
+                        raise RuntimeError(f"{run.proposer.name} proposed a config it had seen: {cand.config}")
+                before = (run.counted, len(run.state.pending))
+                self._admit(run, proposals)
+                if (run.counted, len(run.state.pending)) != before or not proposals:
+                    break
 
     def _drain(self, run: ProblemRun, *, adopt: bool = True) -> None:
         """Store what the proposer recorded: its calls to a model (table `llm_calls`, event `llm_call`),
@@ -474,9 +484,9 @@ class Driver:
                  {"experiment": w.key, "status": str(w.result.status), "median_ms": w.result.median_ms})
                 for w in writes], campaign_id=self.campaign_id)
             for w in writes:
-                self._learn(self.runs[w.candidate.problem], w.result)
+                self._learn(self.runs[w.candidate.problem], w.result, reused=w.reused)
 
-    def _learn(self, run: ProblemRun, result: Result) -> None:
+    def _learn(self, run: ProblemRun, result: Result, *, reused: bool = False) -> None:
         run.state.pending.discard(result.config)
         replaced = result.config in run.state.results
         run.state.results[result.config] = result
@@ -485,7 +495,7 @@ class Driver:
             run.best_ms = best.median_ms if best is not None else None
         elif result.median_ms is not None and (run.best_ms is None or result.median_ms < run.best_ms):
             run.best_ms = result.median_ms
-        if result.status.counts_against_budget:
+        if result.status.counts_against_budget and not reused:  # a result from the store is free
             run.counted += 1
         run.proposer.observe([result])
         if self._failures.learn(result):

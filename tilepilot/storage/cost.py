@@ -17,9 +17,11 @@ summed per model (a call whose model has no known price counts its tokens and is
 unpriced).
 
 Estimate (`estimate(...)`), per problem, from the history of the same kernel on the same device
-and backend: the configs the campaign will run (its budget, at most the valid configs of the
-space), minus those expected to be found in the store already (budget × stored / valid: a
-proposer is assumed to draw configs independently of what is stored), times the mean GPU time
+and backend: the configs the campaign will measure (its budget, at most the valid configs of the
+space the store has no result of: a result reused from the store is free, the campaign measures
+its budget beside it), and those it is expected to reuse on the way (a proposer is assumed to draw
+configs independently of what is stored: measured × stored / (valid − stored + 1), every stored
+one where it measures all the others), times the mean GPU time
 per measured result of the nearest problem in the history (nearest in log2 of its integer
 dimensions, same non-integer fields first). Model cost: calls per trial and dollars per call
 of earlier campaigns with the same proposer. The estimate is stored in `campaigns.estimate`
@@ -109,8 +111,8 @@ def campaign_cost(rows: RowsFn, campaign_id: int) -> CampaignCost:
 @dataclass(frozen=True)
 class ProblemEstimate:
     problem: dict[str, Any]
-    trials: int  # configs the campaign will try (budget, at most the valid ones)
-    reused: float  # of those, expected to be answered from the store
+    trials: int  # configs the campaign will try: those it measures and, rounded, those it reuses
+    reused: float  # of those, expected to be answered from the store (free of the budget)
     gpu_s_per_result: float | None
     gpu_seconds: float | None
     basis: str  # where the per-result time came from
@@ -141,13 +143,16 @@ def estimate(rows: RowsFn, *, kernel: str, device: str | None, backend: str, ker
     """
     per_problem = _history_per_problem(rows, kernel, device, backend, exclude_campaign)
     out = []
+    to_measure = 0
     for problem, n_valid in valid.items():
-        trials = min(budget, n_valid)
-        stored = _stored(rows, kernel, kernel_version, problem, device, backend) if kernel_version else 0
-        reused = min(float(trials), float(stored), trials * stored / n_valid) if n_valid else 0.0
+        stored = min(n_valid, _stored(rows, kernel, kernel_version, problem, device, backend) if kernel_version else 0)
+        left = n_valid - stored  # valid configs the store has no result of
+        measured = min(budget, left)
+        reused = float(stored) if measured == left else min(stored, measured * stored / (left + 1))
         per, basis = _per_result(per_problem, problem)
-        gpu = None if per is None else per * (trials - reused)
-        out.append(ProblemEstimate(problem.as_dict(), trials, reused, per, gpu, basis))
+        gpu = None if per is None else per * measured
+        out.append(ProblemEstimate(problem.as_dict(), measured + round(reused), reused, per, gpu, basis))
+        to_measure += measured
     known = [p.gpu_seconds for p in out if p.gpu_seconds is not None]
     gpu_total = sum(known) if out and len(known) == len(out) else None
     trials = sum(p.trials for p in out)
@@ -159,7 +164,7 @@ def estimate(rows: RowsFn, *, kernel: str, device: str | None, backend: str, ker
     else:
         basis = f"no measured {kernel} result {where} ({backend}) in the store"
     basis += "; " + llm_basis
-    return Estimate(gpu_total, calls, usd, trials, sum(p.trials - p.reused for p in out), tuple(out), basis)
+    return Estimate(gpu_total, calls, usd, trials, to_measure, tuple(out), basis)
 
 
 def _history_per_problem(rows: RowsFn, kernel: str, device: str | None, backend: str,
