@@ -893,3 +893,17 @@ def test_every_page_renders_the_render_benchmarks_store(monkeypatch, tmp_path):
         assert at.title[0].value == title
     at.switch_page("screens/gpus.py").run()
     assert [s.value for s in at.subheader] == ["Node node-a · 4 GPU(s)", "Node node-b · 4 GPU(s)"]
+
+
+def test_progress_counts_measured_trials_and_a_reused_one_is_free() -> None:
+    from tilepilot.dashboard import digest
+    from tilepilot.dashboard.reads import CampaignInfo, TrialPoint
+
+    problem = {"M": 64, "N": 64, "K": 64, "dtype": "fp16"}
+    key = json.dumps(problem, sort_keys=True, separators=(",", ":"))
+    info = CampaignInfo(1, "c", "matmul", "rules", "replay", "dev", "", "running", 4, "", (problem,), 0.0, 0.0,
+                        None, 0.0, 0.0, "", 0, 1)
+    points = [TrialPoint(i, key, f"e{i}", "{}", i, "rules", i == 1, float(i), "ok", 1.0 + i, 10, None, None)
+              for i in range(1, 4)]  # the first reused from the store
+    d = digest.digest(info, points, {}, {}, [], None, now=10.0)
+    assert (d.spent, d.total, d.problems[0].counted, d.problems[0].reused) == (2, 4, 2, 1)

@@ -541,13 +541,17 @@ def test_campaign_summary_counts_progress_against_budget(store, cid, db_path):
     put(store, cid, ok(P1, cfg(16), 2.0))
     put(store, cid, failed(P1, cfg(32), Status.INVALID))
     put(store, cid, failed(P1, cfg(64), Status.CRASHED))
+    earlier = store.create_campaign(Campaign("mm-0", KERNEL, "grid", 4, 0, (P1,)), backend="gpu", dataset="",
+                                    device=ENV.device)
+    put(store, earlier, ok(P1, cfg(8), 2.5))
+    put(store, cid, ok(P1, cfg(8), 2.5), reused=True)  # the earlier campaign's result: free of the budget
     (qid, _) = store.enqueue(cid, _cands(128, 256), priorities=[1, 1], reasons=["r", "r"])
     store.set_queue_state(qid, "running", worker="w0")
-    (s,) = queries.campaigns(open_db(db_path))
+    s = next(c for c in queries.campaigns(open_db(db_path)) if c.name == "mm-1")
     assert (s.name, s.state, s.budget, s.trials, s.ok, s.failed, s.queued, s.running) == (
-        "mm-1", "running", 4, 3, 1, 2, 1, 1)
+        "mm-1", "running", 4, 4, 2, 2, 1, 1)
     p1, p2 = s.problems
-    assert (p1.problem, p1.trials, p1.counted, p1.best_ms) == (P1.as_dict(), 3, 2, 2.0)
+    assert (p1.problem, p1.trials, p1.counted, p1.reused, p1.best_ms) == (P1.as_dict(), 4, 2, 1, 2.0)
     assert (p2.problem, p2.trials, p2.best_ms) == (P2.as_dict(), 0, None)
     assert s.progress == 2 / 8
 

@@ -8,8 +8,8 @@ summarises, per parameter value, the time relative to the problem's best. Pure f
 Streamlit, no database.
 
 Definitions, as the pages state them:
-- trials done: trials that count against the budget (every status but `invalid`), at most the
-  budget per problem; the budget is per problem;
+- trials done: trials that count against the budget (measured: every status but `invalid`; a
+  result reused from the store is free), at most the budget per problem; the budget is per problem;
 - ETA: the trials left over the recent rate, `RECENT` counted trials over the time from the
   oldest of them until now (so a stalled campaign's ETA grows); only while running;
 - GPU time: `campaigns.gpu_seconds` where the driver recorded it (at the campaign's end), else
@@ -155,7 +155,7 @@ def _problem(c: CampaignInfo, key: str, listed: dict[str, Any] | None, trials: l
     median_cfg = winner.median_config_ms if winner and winner.median_config_ms else median
     w = roofline.work(c.kernel, problem) if problem else None
     return ProblemDigest(
-        key, problem or {}, len(trials), sum(t.status not in NOT_COUNTED for t in trials), len(ok),
+        key, problem or {}, len(trials), sum(t.status not in NOT_COUNTED and not t.reused for t in trials), len(ok),
         len(trials) - len(ok), sum(t.reused for t in trials), best.median_ms if best else None,
         best.experiment_key if best else None, median, winner, brief.config if brief else None,
         _ratio(median_cfg, shown_ms), _ratio(winner.baseline_ms, shown_ms) if winner else None,

@@ -250,7 +250,7 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 _PROGRESS = f"""
 SELECT t.campaign_id, t.problem_key, MIN(e.problem) AS problem, COUNT(*) AS trials,
-       SUM(r.status NOT IN ({_marks(_NOT_COUNTED)})) AS counted, SUM(r.status = 'ok') AS ok,
+       SUM(r.status NOT IN ({_marks(_NOT_COUNTED)}) AND t.reused = 0) AS counted, SUM(r.status = 'ok') AS ok,
        SUM(r.status != 'ok') AS failed, SUM(t.reused) AS reused,
        MIN(CASE WHEN r.status = 'ok' THEN r.median_ms END) AS best_ms, MIN(t.id) AS first
 FROM trials t JOIN results r ON r.experiment_key = t.experiment_key

@@ -81,7 +81,7 @@ class ProblemProgress:
     problem: dict[str, Any]
     problem_key: str
     trials: int
-    counted: int  # trials that count against the budget (every status but invalid)
+    counted: int  # trials that count against the budget (measured: every status but invalid; reused is free)
     ok: int
     failed: int
     reused: int
