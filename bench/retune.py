@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(path, prior, q.key(), seed) for path in paths
              for q in load_dataset(path, get_family(search.KERNEL)).problems
              for prior in priors for seed in range(args.seeds)]
+    commit = git("rev-parse", "--short", "HEAD")  # the code that runs: read before, not after
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         runs = list(pool.map(_task, tasks, chunksize=4))
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "what": __doc__.split("\n\n")[0].replace("\n", " "),
         "method": " ".join(__doc__.split("\n\n")[1:4]).replace("\n", " "),
         "command": " ".join(["python", "bench/retune.py", *(argv if argv is not None else sys.argv[1:])]),
-        "date": dt.date.today().isoformat(), "commit": git("rev-parse", "--short", "HEAD"), "machine": machine(),
+        "date": dt.date.today().isoformat(), "commit": commit, "machine": machine(),
         "budget": BUDGET, "batch": search.BATCH, "tolerance": TOLERANCE, "seeds": args.seeds, "arms": list(ARMS),
         "totals": totals(summary), "per_grid": summary,
         "runs": [{"grid": r[0], "prior": r[1], "problem": r[2], "seed": r[3], "earlier": round(r[4], 5),
