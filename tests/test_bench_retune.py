@@ -66,3 +66,19 @@ def test_an_out_folder_that_does_not_exist_is_refused_before_any_work(tmp_path: 
     proc = subprocess.run([sys.executable, str(REPO / "bench/retune.py"), "--out", str(tmp_path / "no" / "r.json")],
                           capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and "its folder does not exist" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_the_gpu_script_on_the_recorded_grid_measures_the_budget_in_each_campaign(tmp_path: Path) -> None:
+    out = tmp_path / "retune-gpu.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench/retune_gpu.py"), "--replay", "--out", str(out),
+                           "--work", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    campaigns = json.loads(out.read_text())["campaigns"]
+    assert list(campaigns) == ["earlier", "again", "twice"]
+    for name, problems in campaigns.items():
+        assert len(problems) == 2 and all(e["measured"] == 8 for e in problems.values()), (name, problems)
+    assert all(e["reused"] == 0 for e in campaigns["earlier"].values())
+    # cold rules proposes again's picks first: every one of the 8 it measured there comes back, free
+    assert all(e["reused"] >= 8 for e in campaigns["twice"].values())
+    for label, e in campaigns["twice"].items():
+        assert e["best_ms"] <= min(campaigns["earlier"][label]["best_ms"], campaigns["again"][label]["best_ms"])
