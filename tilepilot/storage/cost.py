@@ -19,11 +19,11 @@ unpriced).
 Estimate (`estimate(...)`), per problem, from the history of the same kernel on the same device
 and backend: the configs the campaign will measure (its budget, at most the valid configs of the
 space the store has no result of: a result reused from the store is free, the campaign measures
-its budget beside it), and those it is expected to reuse on the way (a proposer is assumed to draw
+its budget beside it) times the mean GPU time per measured result of the nearest problem in the
+history (nearest in log2 of its integer dimensions, same non-integer fields first); beside them,
+the configs it is expected to reuse on the way, at no GPU time (a proposer is assumed to draw
 configs independently of what is stored: measured × stored / (valid − stored + 1), every stored
-one where it measures all the others), times the mean GPU time
-per measured result of the nearest problem in the history (nearest in log2 of its integer
-dimensions, same non-integer fields first). Model cost: calls per trial and dollars per call
+one where it measures all the others). Model cost: calls per trial and dollars per call
 of earlier campaigns with the same proposer. The estimate is stored in `campaigns.estimate`
 when a campaign starts and the actual beside it when it finishes:
 `{"estimate": {...}, "actual": {...}, "ratio": {"gpu_seconds": actual / estimate, ...}}`.
