@@ -129,6 +129,22 @@ def test_a_result_reused_from_the_store_is_free_of_the_budget(tmp_path, dataset)
     assert all(w.median_ms <= best[w.problem_key] for w in out.winners)  # never worse than the first found
 
 
+def test_a_resumed_campaign_still_counts_its_reused_results_free(tmp_path, dataset):
+    tune(_opts(tmp_path, dataset, write_campaign(tmp_path / "a.toml", name="a", proposer="rules", budget=6)))
+    campaign = write_campaign(tmp_path / "b.toml", name="b", proposer="rules", budget=6)
+
+    def interrupt(progress):
+        raise KeyboardInterrupt  # after the first measured batch: a's picks, proposed again, are reused by then
+
+    with pytest.raises(KeyboardInterrupt):
+        tune(_opts(tmp_path, dataset, campaign, cold=True), on_progress=interrupt)
+    tune(_opts(tmp_path, dataset, campaign, resume=True))
+    second = [r for r in _trials(tmp_path / "t.db") if r[0] == 2]
+    for problem in {r[1] for r in second}:
+        mine = [r for r in second if r[1] == problem]
+        assert sum(r[3] == 1 for r in mine) >= 6 and sum(r[3] == 0 for r in mine) == 6
+
+
 def test_space_table_narrows_and_configs_go_first(tmp_path, dataset):
     extra = ('\n[space]\nnum_warps = [4]\n\n[[configs]]\nBLOCK_SIZE_M = 64\nBLOCK_SIZE_N = 64\nBLOCK_SIZE_K = 32\n'
              "GROUP_SIZE_M = 8\nnum_warps = 8\nnum_stages = 3\n")

@@ -101,7 +101,7 @@ def demo_db(workdir: Path) -> Path:
     db = workdir / "out" / "demo.db"
     db.parent.mkdir()
     for campaign in ("campaigns/demo.toml", "rules.toml"):
-        assert main(["tune", str(workdir / campaign), "--db", str(db), "--budget", "8"]) == 0
+        assert main(["tune", str(workdir / campaign), "--backend", "replay", "--db", str(db), "--budget", "8"]) == 0
     return db
 
 
