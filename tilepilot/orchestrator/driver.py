@@ -9,7 +9,8 @@ The budget counts the configs a campaign measures: a result reused from the stor
 campaign measured the same experiment) is a result of the campaign's own, told to its proposer and
 a candidate winner, but free. A campaign on a problem the store holds therefore measures as many
 new configs as one on a problem it does not; counting reused results, a second `rules` campaign of
-8 configs after a first re-proposed the first's 8 and measured nothing new (bench/retune.py).
+8 configs started cold after a first re-proposed the first's 8 and measured nothing new
+(bench/retune.py).
 
 The queue: entries are queued in proposal order (each problem's turns interleave in that
 order); after each collected batch the queued entries of the problems that got results are
