@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_env import campaign_toml, run_main  # noqa: E402
 from history_gpu import GRID  # noqa: E402
 
-from tilepilot.experiments import InputError  # noqa: E402
+from tilepilot.experiments import InputError, Status  # noqa: E402
 from tilepilot.kernels.registry import get_family  # noqa: E402
 from tilepilot.orchestrator.replay import load_dataset  # noqa: E402
-from tilepilot.storage.queries import open_db  # noqa: E402
+from tilepilot.storage.queries import history, open_db  # noqa: E402
 
 PROBLEMS = [{"M": 8192, "N": 4096, "K": 14336, "dtype": "bf16"}, {"M": 2048, "N": 3584, "K": 3584, "dtype": "fp16"}]
 DATASET = ROOT / "data/replay/matmul-h200.jsonl.gz"
@@ -47,21 +47,17 @@ CAMPAIGNS = (("earlier", "optuna", []), ("again", "rules", []), ("twice", "rules
 def per_problem(db: Path, name: str) -> dict[str, dict]:
     """For each problem of the campaign: configs measured and reused, the best time and its config."""
     with open_db(str(db)) as conn:
-        rows = conn.rows("SELECT e.problem AS problem, e.config AS config, t.reused AS reused, r.status AS status, "
-                         "r.median_ms AS ms FROM trials t JOIN campaigns c ON c.id = t.campaign_id "
-                         "JOIN experiments e ON e.key = t.experiment_key "
-                         "JOIN results r ON r.experiment_key = t.experiment_key WHERE c.name = ? ORDER BY t.id",
-                         [name])
+        rows = sorted(history(conn, campaign=name), key=lambda r: r.trial_id or 0)
     out: dict[str, dict] = {}
     for r in rows:
-        label = get_family("matmul").parse_problem(json.loads(r["problem"])).label()
+        label = get_family("matmul").parse_problem(r.problem).label()
         entry = out.setdefault(label, {"measured": 0, "reused": 0, "invalid": 0, "best_ms": None, "winner": None})
-        if r["status"] == "invalid":
+        if r.status is Status.INVALID:
             entry["invalid"] += 1
         else:
-            entry["reused" if r["reused"] else "measured"] += 1
-        if r["ms"] is not None and (entry["best_ms"] is None or r["ms"] < entry["best_ms"]):
-            entry["best_ms"], entry["winner"] = r["ms"], json.loads(r["config"])
+            entry["reused" if r.reused else "measured"] += 1
+        if r.median_ms is not None and (entry["best_ms"] is None or r.median_ms < entry["best_ms"]):
+            entry["best_ms"], entry["winner"] = r.median_ms, r.config
     return out
 
 
