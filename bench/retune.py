@@ -45,11 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search
 from bench_env import git, machine, run_main
 
-from tilepilot.agents.base import ProposerContext, SearchState
-from tilepilot.experiments import Candidate, Config, InputError, Problem
+from tilepilot.experiments import Config, InputError, Problem
 from tilepilot.kernels import get_family
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
-from tilepilot.orchestrator.warm_start import by_prediction, warm_candidates
+from tilepilot.orchestrator.warm_start import warm_candidates
 from tilepilot.storage.store import WinnerSource
 
 DATASETS = ",".join(f"data/replay/matmul-{name}.jsonl.gz" for name in (
@@ -80,41 +79,6 @@ class OwnHistory:
         return frozenset({search.kernel_version(self.dataset)})
 
 
-def drive_free(dataset: ReplayDataset, problem: Problem, stored: set[Config], head: Sequence[Config],
-               history: OwnHistory | None) -> list[float]:
-    """A `rules` campaign that measures BUDGET configs the store has no result of; a stored config it
-    proposes (or the head) is reused, told to the proposer, and not counted. Its results' times."""
-    space = dataset.space(get_family(search.KERNEL), problem)
-    ctx = ProposerContext(search.KERNEL, problem, space, 0, BUDGET, device=dataset.device, history=history,
-                          kernel_version=search.kernel_version(dataset))
-    proposer = search.make_proposer("rules", ctx, None)
-    state = SearchState()
-    queue = [c.config for c in by_prediction([Candidate(problem, c, "warm-start", "") for c in head],
-                                             proposer.score, proposer.best_prediction())]
-    measured = 0
-    times: list[float] = []
-    try:
-        while measured < BUDGET:
-            room = min(search.BATCH, BUDGET - measured)
-            now, queue = queue[:room], queue[room:]
-            batch = [Candidate(problem, c, "warm-start", "") for c in now]
-            if len(batch) < room:
-                batch += proposer.propose(SearchState(state.results, state.pending | set(now)), room - len(batch))
-            if not batch:
-                break
-            for cand in batch:
-                result = dataset.result(problem, cand.config)
-                state.results[cand.config] = result
-                proposer.observe([result])
-                if result.median_ms is not None:
-                    times.append(result.median_ms)
-                if cand.config not in stored and result.status.counts_against_budget:
-                    measured += 1
-    finally:
-        proposer.close()
-    return times
-
-
 Task = tuple[str, str, str, int]
 
 
@@ -142,9 +106,11 @@ def _task(args: Task) -> tuple[str, str, str, int, float, dict[str, float]]:
         "cold": regret(search.drive(dataset, problem, "rules", 0, BUDGET).times_ms),
         "own-transfer": regret(search.drive(dataset, problem, "rules", 0, BUDGET, first=head, history=own,
                                             bounded=True).times_ms),
-        "free": regret(drive_free(dataset, problem, stored, (), None)),
-        "free-head": regret(drive_free(dataset, problem, stored, head, None)),
-        "free-own-transfer": regret(drive_free(dataset, problem, stored, head, own)),
+        "free": regret(search.drive(dataset, problem, "rules", 0, BUDGET, free=stored).times_ms),
+        "free-head": regret(search.drive(dataset, problem, "rules", 0, BUDGET, first=head, bounded=True,
+                                         free=stored).times_ms),
+        "free-own-transfer": regret(search.drive(dataset, problem, "rules", 0, BUDGET, first=head, history=own,
+                                                 bounded=True, free=stored).times_ms),
     }
     return Path(path).name, prior, problem.label(), seed, winner_ms / optimum - 1, arms
 

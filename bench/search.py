@@ -104,7 +104,7 @@ import statistics
 import sys
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,7 +152,8 @@ DEV_PROBLEMS = (
 # ---- the loop ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Trace:
-    """The measured configs of one campaign in the order they were counted, with their times."""
+    """The configs of one campaign that gave a result, in order (measured, or reused from `free`), with
+    their times."""
 
     configs: tuple[Config, ...]
     times_ms: tuple[float | None, ...]  # None: the config did not give a timing
@@ -208,13 +209,14 @@ def make_proposer(name: str, ctx: ProposerContext, constants: Constants | None) 
 def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, budget: int,
           constants: Constants | None = None, *, first: Sequence[Config] = (),
           stop_ms: float | None = None, history: HistoryReader | None = None, bounded: bool = False,
-          noise: float = 0.0) -> Trace:
+          noise: float = 0.0, free: Collection[Config] = ()) -> Trace:
     """One campaign of one problem, in process (the driver's propose/observe cycle, see the docstring).
 
     `first`: configs measured first (warm start), the proposer filling the first batch; `bounded`:
     only those it predicts no slower than its own first pick (as the driver queues a warm start);
     `stop_ms`: stop once a config is at least this fast; `history`: the store the proposer reads;
-    `noise`: the proposer sees each time spread by it (`noisy`).
+    `noise`: the proposer sees each time spread by it (`noisy`); `free`: configs the store has a result
+    of: one proposed is reused, in the trace but not counted against the budget (as the driver counts).
     """
     family = get_family(KERNEL)
     space = dataset.space(family, problem)
@@ -227,11 +229,12 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
     true: list[float | None] = []
     head = by_prediction([Candidate(problem, c, "warm-start", "") for c in first], p.score,
                          p.best_prediction() if bounded else None)[:budget]
+    measured = 0  # configs counted against the budget: those of the trace not in `free`
     try:
-        while len(configs) < budget:
+        while measured < budget:
             if stop_ms is not None and any(t is not None and t <= stop_ms for t in times):
                 break
-            room = min(BATCH, budget - len(configs))
+            room = min(BATCH, budget - measured)
             now, head = head[:room], head[room:]
             ahead = SearchState(state.results, state.pending | {c.config for c in now + head})
             batch = now + p.propose(ahead, room - len(now)) if len(now) < room else now
@@ -253,6 +256,7 @@ def drive(dataset: ReplayDataset, problem: Problem, proposer: str, seed: int, bu
                     configs.append(cand.config)
                     times.append(result.median_ms)
                     true.append(recorded.median_ms)
+                    measured += cand.config not in free
     finally:
         p.close()
     return Trace(tuple(configs), tuple(times), tuple(true))

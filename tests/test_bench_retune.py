@@ -19,11 +19,12 @@ H200 = str(REPO / "data/replay/matmul-h200.jsonl.gz")
 
 
 def test_free_reuse_measures_the_budget_beside_the_stored_results() -> None:
+    """search.drive(free=...), as the arms `free*` run it."""
     dataset = retune.load_dataset(H200, retune.get_family("matmul"))
     problem = dataset.problems[0]
     first = search.drive(dataset, problem, "rules", 0, retune.BUDGET)  # what an earlier rules campaign measured
     stored = set(first.configs)
-    times = retune.drive_free(dataset, problem, stored, (), None)
+    times = search.drive(dataset, problem, "rules", 0, retune.BUDGET, free=stored).times_ms
     # rules, cold, proposes its earlier picks again: each reused, free; then 8 it has no result of
     assert len(times) == 2 * retune.BUDGET
     assert sorted(times[:retune.BUDGET]) == sorted(t for t in first.times_ms if t is not None)
