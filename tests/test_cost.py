@@ -85,14 +85,22 @@ def test_a_campaign_records_its_gpu_seconds_and_the_estimate_beside_the_actual(d
     assert all(p["basis"] == "this problem" and p["trials"] == 10 for p in per_problem.values())
 
 
+def grid_then_plan(capsys: pytest.CaptureFixture[str], tmp_path: Path, dataset: Path, db: Path,
+                   grid_budget: int) -> tuple[Path, str]:
+    """Campaign a (grid, `grid_budget` configs) run on two problems, then campaign b (random, 8) planned
+    with --dry-run in the same store: b's file and what the plan printed."""
+    a = campaign_file(tmp_path / "a.toml", "a", proposer="grid", budget=grid_budget, seed=1, problems=PROBLEMS[:2])
+    assert run(capsys, "tune", a, "--backend", "replay", "--dataset", dataset, "--db", db)[0] == 0
+    b = campaign_file(tmp_path / "b.toml", "b", proposer="random", budget=8, seed=3, problems=PROBLEMS[:2])
+    code, out, err = run(capsys, "tune", b, "--backend", "replay", "--dataset", dataset, "--db", db, "--dry-run")
+    assert code == 0, err
+    return b, out
+
+
 def test_the_estimate_measures_the_budget_beside_what_it_expects_to_reuse(datasets, tmp_path, capsys):
     first, _ = datasets
     db = tmp_path / "part.db"
-    a = campaign_file(tmp_path / "a.toml", "a", proposer="grid", budget=8, seed=1, problems=PROBLEMS[:2])
-    assert run(capsys, "tune", a, "--backend", "replay", "--dataset", first, "--db", db)[0] == 0
-    b = campaign_file(tmp_path / "b.toml", "b", proposer="random", budget=8, seed=3, problems=PROBLEMS[:2])
-    code, out, err = run(capsys, "tune", b, "--backend", "replay", "--dataset", first, "--db", db, "--dry-run")
-    assert code == 0, err
+    b, out = grid_then_plan(capsys, tmp_path, first, db, grid_budget=8)
     valid = int(out.splitlines()[1].split(": ")[1].split()[0])  # valid configs of the first problem
     reused = 8 * 8 / (valid - 8 + 1)  # 8 measured; drawn independently of the 8 stored, these come on the way
     assert f"for 16 of {16 + 2 * round(reused)} trial(s) measured" in out, out
@@ -105,12 +113,9 @@ def test_the_estimate_measures_the_budget_beside_what_it_expects_to_reuse(datase
 def test_the_estimate_expects_configs_already_in_the_store_to_cost_nothing(datasets, tmp_path, capsys):
     first, _ = datasets
     db = tmp_path / "r.db"
-    a = campaign_file(tmp_path / "a.toml", "a", proposer="grid", budget=32, seed=1, problems=PROBLEMS[:2])
-    assert run(capsys, "tune", a, "--backend", "replay", "--dataset", first, "--db", db)[0] == 0
-    b = campaign_file(tmp_path / "b.toml", "b", proposer="random", budget=8, seed=3, problems=PROBLEMS[:2])
-    code, out, err = run(capsys, "tune", b, "--backend", "replay", "--dataset", first, "--db", db, "--dry-run")
+    b, out = grid_then_plan(capsys, tmp_path, first, db, grid_budget=32)
     # every valid config is in the store: each is reused, free, and none is left to measure
-    assert code == 0 and "estimate: 0 GPU-s for 0 of 64 trial(s) measured" in out, err
+    assert "estimate: 0 GPU-s for 0 of 64 trial(s) measured" in out, out
     assert run(capsys, "tune", b, "--backend", "replay", "--dataset", first, "--db", db)[0] == 0
     assert sql(db, "SELECT COUNT(*) AS n FROM trials t JOIN campaigns c ON c.id = t.campaign_id "
                    "WHERE c.name = 'b' AND t.reused = 0")[0]["n"] == 0
