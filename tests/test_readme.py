@@ -10,6 +10,7 @@ kernel misspelt, `fp8.toml` a campaign of one fp8 matmul problem.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -44,23 +45,6 @@ def code_blocks(text: str) -> list[list[str]]:
     return blocks
 
 
-def examples(text: str) -> list[tuple[str, list[str]]]:
-    """Each `$ tilepilot ...` command of a code block with the lines shown after it in that block, up
-    to the next command or a line `...` (trailing blanks dropped)."""
-    found: list[tuple[str, list[str]]] = []
-    for block in code_blocks(text):
-        open_ = False  # collecting the current command's output
-        for line in block:
-            if line.startswith("$ "):
-                found.append((line[2:], []))
-                open_ = True
-            elif line.strip() == ELIDED:
-                open_ = False
-            elif open_:
-                found[-1][1].append(line.rstrip())
-    return found
-
-
 def shown(lines: list[str]) -> list[str]:
     """The lines before `...` (all of them where there is none), trailing blanks dropped."""
     out: list[str] = []
@@ -69,6 +53,17 @@ def shown(lines: list[str]) -> list[str]:
             break
         out.append(line.rstrip())
     return out
+
+
+def examples(text: str) -> list[tuple[str, list[str]]]:
+    """Each `$ tilepilot ...` command of a code block with the lines shown after it in that block, up
+    to the next command (`shown`)."""
+    found: list[tuple[str, list[str]]] = []
+    for block in code_blocks(text):
+        starts = [i for i, line in enumerate(block) if line.startswith("$ ")]
+        for i, end in itertools.pairwise([*starts, len(block)]):
+            found.append((block[i][2:], shown(block[i + 1:end])))
+    return found
 
 
 def demo_block(text: str) -> list[str]:
