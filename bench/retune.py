@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import search
 from bench_env import git, machine, run_main
 
-from tilepilot.experiments import Config, InputError, Problem
+from tilepilot.experiments import InputError
 from tilepilot.kernels import get_family
-from tilepilot.orchestrator.replay import ReplayDataset, load_dataset
+from tilepilot.orchestrator.replay import load_dataset
 from tilepilot.orchestrator.warm_start import warm_candidates
 from tilepilot.storage.store import WinnerSource
 
@@ -60,25 +60,6 @@ TOLERANCE = search.TOLERANCE
 log = logging.getLogger("retune")
 
 
-class OwnHistory:
-    """A store holding one problem: what the earlier campaign measured there (`HistoryReader`)."""
-
-    def __init__(self, dataset: ReplayDataset, problem: Problem, rows: list[tuple[Config, float]]) -> None:
-        self.dataset, self.problem, self.rows = dataset, problem, rows
-
-    def devices(self, kernel: str) -> list[str]:
-        return [self.dataset.device]
-
-    def measured_problems(self, kernel: str, device: str) -> list[Problem]:
-        return [self.problem]
-
-    def measured(self, kernel: str, device: str, problem: Problem) -> list[tuple[Config, float]]:
-        return self.rows if problem == self.problem else []
-
-    def kernel_versions(self, kernel: str, device: str, problem: Problem) -> frozenset[str]:
-        return frozenset({search.kernel_version(self.dataset)})
-
-
 Task = tuple[str, str, str, int]
 
 
@@ -89,15 +70,14 @@ def _task(args: Task) -> tuple[str, str, str, int, float, dict[str, float]]:
     problem = next(q for q in dataset.problems if q.key() == key)
     optimum = dataset.optimum_ms(problem)
     assert optimum is not None
-    earlier = search.drive(dataset, problem, prior, seed, BUDGET)
-    rows = [(c, t) for c, t in zip(earlier.configs, earlier.times_ms, strict=True) if t is not None]
+    own = search.ReplayHistory({problem: dataset}, BUDGET, None, proposer=prior, seed=seed)  # the earlier campaign
+    rows = own.measured(search.KERNEL, dataset.device, problem)
     stored = {c for c, _ in rows}
     winner, winner_ms = min(rows, key=lambda r: (r[1], r[0].key()))
     env = next(iter(dataset.records(problem).values())).env
     source = WinnerSource(problem, winner, winner_ms, "earlier", env.torch, env.triton, 0.0)
     head = [c.config for c in warm_candidates(problem, dataset.space(get_family(search.KERNEL), problem), [source],
                                               budget=BUDGET, torch=env.torch, triton=env.triton)]
-    own = OwnHistory(dataset, problem, rows)
 
     def regret(times: Sequence[float | None]) -> float:
         return min(t for t in times if t is not None) / optimum - 1

@@ -699,12 +699,14 @@ def load_history(paths: str) -> tuple[ReplayDataset | None, dict[Problem, Replay
 
 class ReplayHistory:
     """A store of earlier campaigns on replay data (`HistoryReader`): each problem of `sources` (its
-    dataset) holds what a `rules` campaign of `budget` configs (with `constants`) measured there, or
-    every recorded result where `budget` is None, on the dataset's device. The kernel is the datasets'."""
+    dataset) holds what a campaign of `proposer` (default `rules`, with `constants`; seed `seed`) of
+    `budget` configs measured there, or every recorded result where `budget` is None, on the dataset's
+    device. The kernel is the datasets'."""
 
     def __init__(self, sources: dict[Problem, ReplayDataset], budget: int | None,
-                 constants: Constants | None) -> None:
+                 constants: Constants | None, *, proposer: str = "rules", seed: int = 0) -> None:
         self.sources, self.budget, self.constants = sources, budget, constants
+        self.proposer, self.seed = proposer, seed
         self._measured: dict[Problem, list[tuple[Config, float]]] = {}
 
     def devices(self, kernel: str) -> list[str]:
@@ -722,7 +724,7 @@ class ReplayHistory:
             if self.budget is None:
                 rows = [(c, r.median_ms) for c, r in store.records(problem).items()]
             else:
-                trace = drive(store, problem, "rules", 0, self.budget, self.constants)
+                trace = drive(store, problem, self.proposer, self.seed, self.budget, self.constants)
                 rows = list(zip(trace.configs, trace.times_ms, strict=True))
             self._measured[problem] = [(c, t) for c, t in rows if t is not None]
         return self._measured[problem]
