@@ -83,3 +83,13 @@ def test_the_gpu_script_on_the_recorded_grid_measures_the_budget_in_each_campaig
     assert all(e["reused"] >= 8 for e in campaigns["twice"].values())
     for label, e in campaigns["twice"].items():
         assert e["best_ms"] <= min(campaigns["earlier"][label]["best_ms"], campaigns["again"][label]["best_ms"])
+
+
+@pytest.mark.parametrize("bad", ["work", "out"])
+def test_the_gpu_script_refuses_a_missing_folder_in_one_line(tmp_path: Path, bad: str) -> None:
+    work = tmp_path / "nowhere" if bad == "work" else tmp_path
+    out = tmp_path / "nowhere" / "r.json" if bad == "out" else tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench/retune_gpu.py"), "--replay", "--out", str(out),
+                           "--work", str(work)], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and f"--{bad} " in proc.stderr, proc.stderr
+    assert not (tmp_path / "retune.db").exists()
