@@ -143,15 +143,18 @@ def main(argv: list[str] | None = None) -> int:
         if value < 1:
             raise InputError(f"{flag} {value}: must be at least 1")
     paths = [args.dataset, *(p for p in args.store.split(",") if p)]
+    found_at: list[str] = []  # each path as a file here or in the repository
     for path in paths:
-        if not (ROOT / path).exists() and not Path(path).exists():
+        at = Path(path) if Path(path).exists() else ROOT / path
+        if not at.exists():
             raise InputError(f"{path}: no such file")
-    if args.dataset in paths[1:]:
+        found_at.append(str(at.resolve()))
+    if found_at[0] in found_at[1:]:
         raise InputError(f"--store holds --dataset {args.dataset}: the store is to hold other grids only")
     if args.out is not None and not args.out.parent.is_dir():
         raise InputError(f"--out {args.out}: folder {args.out.parent} does not exist")
     t0 = time.monotonic()
-    found = run(args.dataset, paths[1:], args.budget, args.store_budget)
+    found = run(found_at[0], found_at[1:], args.budget, args.store_budget)
     for arm, r in found["arms"].items():
         s = r["summary"]
         print(f"{arm:18s} within 2% {s['within_2pct']}/{s['problems']}, mean regret {100 * s['mean_regret']:.2f}%, "
