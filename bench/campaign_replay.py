@@ -72,6 +72,16 @@ def campaigns(dataset: ReplayDataset, protocol: str) -> list[tuple[list[Problem]
     return out
 
 
+def tune(toml: Path, dataset: str, db: Path, *flags: str, env: dict[str, str] | None = None) -> None:
+    """`tilepilot tune TOML --backend replay --dataset DATASET --db DB FLAGS`; a failure ends the run
+    with its exit code and the tail of its stderr."""
+    cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "replay", "--dataset", dataset,
+           "--db", str(db), *flags]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"tune exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+
+
 def run(dataset_path: str, protocol: str, proposer: str, budget: int) -> dict[str, object]:
     family = get_family("matmul")
     dataset = load_dataset(dataset_path, family)
@@ -91,11 +101,7 @@ def run(dataset_path: str, protocol: str, proposer: str, budget: int) -> dict[st
                 path = Path(tmp) / f"{name}.constants.json"
                 path.write_text(json.dumps(constants))
                 env[CONSTANTS_ENV] = str(path)
-            cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "replay",
-                   "--dataset", dataset_path, "--db", str(db), "--cold"]
-            done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"tune exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+            tune(toml, dataset_path, db, "--cold", env=env)
             with open_db(str(db)) as conn:
                 for w in best(conn, campaign=name):
                     problem = next(p for p in problems if p.key() == w.problem_key)

@@ -30,7 +30,6 @@ import math
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_env import campaign_toml, git, machine  # noqa: E402
-from campaign_replay import recorded_space  # noqa: E402
+from campaign_replay import recorded_space, tune  # noqa: E402
 
 from tilepilot.experiments import InputError, Problem, Status  # noqa: E402
 from tilepilot.kernels.registry import get_family  # noqa: E402
@@ -52,14 +51,6 @@ from tilepilot.storage.queries import history, open_db  # noqa: E402
 KERNEL = "matmul"
 TOLERANCE = 0.02
 ARMS = ("cold", "warm", "warm-no-learnings")
-
-
-def tune(toml: Path, dataset: str, db: Path, *flags: str) -> None:
-    cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "replay", "--dataset", dataset,
-           "--db", str(db), *flags]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"tune exited with {done.returncode}: {done.stderr.strip()[-500:]}")
 
 
 def build_store(db: Path, grids: list[str], budget: int, work: Path) -> dict[str, int]:
