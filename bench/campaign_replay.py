@@ -99,7 +99,7 @@ def run(dataset_path: str, protocol: str, proposer: str, budget: int) -> dict[st
             env = dict(os.environ)
             if constants is not None:
                 path = Path(tmp) / f"{name}.constants.json"
-                path.write_text(json.dumps(constants))
+                path.write_text(json.dumps({**constants, "order_mark": 0.0}))  # as search.py's folds
                 env[CONSTANTS_ENV] = str(path)
             tune(toml, dataset_path, db, "--cold", env=env)
             with open_db(str(db)) as conn:

@@ -48,7 +48,9 @@ of problems the H100 grid lacks, `data/replay/matmul-h200.jsonl.gz`, and the fre
 twelve more, `data/replay/matmul-h100-fresh.jsonl.gz`): every problem is held out.
 `--protocol folds`: the constants of bench/results/rules-constants-4fold.json, each fitted on the
 three other folds of the H100 problems (as `bench/gpu_campaign.py` runs them); "per_fold" in
-the output has each fold's regret and configs to 2%.
+the output has each fold's regret and configs to 2%. The protocols that fit (all but `shipped`)
+read the H100 grid, recorded in rotating order, without the order mark (`order_mark` 0, as
+`fit_rules` fits); `shipped` scores the shipped model, mark and all, as a campaign runs it.
 The portfolio's `rules` member gets the same constants. The rest of the rules proposer (the
 model's form, the GP settings, the measured ceilings of agents/roofline.py) is fixed; the
 fixed-list baseline is chosen leave one problem out in both protocols.
@@ -130,6 +132,7 @@ log = logging.getLogger("search")
 KERNEL = "matmul"
 BATCH = 4
 NOISE = 0.0  # --noise: log-normal spread of each measurement the proposer sees (0: the recorded times)
+ORDER_MARK: float | None = None  # --order-mark: the shipped constants' order_mark replaced (None: as shipped)
 TOLERANCE = 0.02
 PROPOSERS = ("random", "grid", "optuna", "optuna-gp", "rules", "portfolio")
 SLOW = ("optuna-gp", "portfolio+gp")  # run on the first --slow-seeds seeds only
@@ -350,6 +353,13 @@ def _fit_task(train_keys: list[str]) -> Constants:
     return fit(problem_data(_DATASET, [p for p in _DATASET.problems if p.key() in train_keys]))
 
 
+def order_mark(protocol: str) -> float:
+    """How much of the tile model's order mark the run's constants take on (`Constants.order_mark`)."""
+    if protocol != "shipped":
+        return 0.0
+    return DEFAULT_CONSTANTS.order_mark if ORDER_MARK is None else ORDER_MARK
+
+
 def fold_constants(pool: Any, dataset: ReplayDataset, protocol: str) -> dict[str, Constants]:
     """The rules model's constants each problem is scored with (problem key -> constants)."""
     keys = [p.key() for p in dataset.problems]
@@ -360,9 +370,11 @@ def fold_constants(pool: Any, dataset: ReplayDataset, protocol: str) -> dict[str
         dev = fit(problem_data(dataset, chosen))
         return dict.fromkeys(keys, dev)
     if protocol == "shipped":
-        return dict.fromkeys(keys, DEFAULT_CONSTANTS)
+        shipped = DEFAULT_CONSTANTS if ORDER_MARK is None else dataclasses.replace(DEFAULT_CONSTANTS,
+                                                                                     order_mark=ORDER_MARK)
+        return dict.fromkeys(keys, shipped)
     if protocol == "folds":
-        return {p.key(): dataclasses.replace(DEFAULT_CONSTANTS, **f["constants"])
+        return {p.key(): dataclasses.replace(DEFAULT_CONSTANTS, order_mark=0.0, **f["constants"])
                 for f in json.loads(FOLDS.read_text())["folds"] for p in dataset.problems if p.label() in f["held_out"]}
     fitted = pool.map(_fit_task, [[k for k in keys if k != held] for held in keys], chunksize=1)
     return dict(zip(keys, fitted, strict=True))
@@ -513,7 +525,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "kernel": KERNEL,
         "dataset": dataset_info(dataset),
         "method": __doc__.split("Method. ")[1].split("\n\nHeld out.")[0].replace("\n", " "),
-        "protocol": args.protocol,
+        "protocol": args.protocol, "order_mark": order_mark(args.protocol),
         "held_out_method": __doc__.split("Held out. ")[1].replace("\n", " ").strip(),
         "rules_constants": {p.label(): dataclasses.asdict(c) for p in problems if (c := constants.get(p.key()))},
         "dev_problems": list(DEV_PROBLEMS),
@@ -622,7 +634,8 @@ def run_warm(args: argparse.Namespace) -> dict[str, Any]:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "dataset": {"path": str(dataset.path), "identity": dataset.identity, "problems": len(problems)},
         "method": __doc__.split("Warm start (`--arm warm`). ")[1].replace("\n", " ").strip(),
-        "protocol": args.protocol, "batch": BATCH, "tolerance": TOLERANCE, "seeds": seeds,
+        "protocol": args.protocol, "order_mark": order_mark(args.protocol), "batch": BATCH, "tolerance": TOLERANCE,
+        "seeds": seeds,
         "warm_configs": firsts,
         "problems_whose_first_warm_config_is_within_2pct": hits,
         "proposers": out,
@@ -899,7 +912,8 @@ def run_history(args: argparse.Namespace) -> dict[str, Any]:
         "dataset": {"path": str(dataset.path), "identity": dataset.identity, "problems": len(labels)},
         "history": str(args.history or ""),
         "method": __doc__.split("History first (`--arm history`). ")[1].replace("\n", " ").strip(),
-        "protocol": args.protocol, "budget": HISTORY_BUDGET, "batch": BATCH, "tolerance": TOLERANCE,
+        "protocol": args.protocol, "order_mark": order_mark(args.protocol), "budget": HISTORY_BUDGET, "batch": BATCH,
+        "tolerance": TOLERANCE,
         "seeds": seeds, "heads": list(heads), "near_cover": NEAR_COVER,
         "scopes": {s: "store: " + {"other-problems": "every other problem of the dataset",
                                   "other-folds": "the problems of the other three folds",
@@ -929,7 +943,7 @@ def history_table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global KERNEL, BATCH, NOISE
+    global KERNEL, BATCH, NOISE, ORDER_MARK
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--arm", choices=("search", "warm", "history"), default="search",
                    help="search: every proposer's efficiency; warm: warm start against a cold start; "
@@ -954,14 +968,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="--arm search: each time the proposer sees is the recorded one spread by a log-normal "
                         "factor of this sigma (0.03: 3%%); regret is the recorded time of the config it would "
                         "declare; no configs-to-2%% (default 0: the recorded times)")
+    p.add_argument("--order-mark", type=float,
+                   help="--protocol shipped: how much of the tile model's order mark its times take on, from 0 "
+                        "(as before it) to 1 (as shipped; the default)")
     args = p.parse_args(argv)
+    if args.order_mark is not None and not 0 <= args.order_mark <= 1:
+        p.error(f"--order-mark {args.order_mark}: must be from 0 to 1")
+    if args.order_mark is not None and args.protocol != "shipped":
+        p.error(f"--order-mark with --protocol {args.protocol}: only with --protocol shipped (the others fit "
+                "and score the H100 grid as recorded, without the mark)")
     if args.batch < 1:
         p.error(f"--batch {args.batch}: must be 1 or more")
     if not 0 <= args.noise < 1:
         p.error(f"--noise {args.noise}: must be at least 0 and below 1")
     if args.noise and args.arm != "search":
         p.error(f"--noise {args.noise}: only for --arm search")
-    BATCH, NOISE = args.batch, args.noise
+    BATCH, NOISE, ORDER_MARK = args.batch, args.noise, args.order_mark
     from tilepilot.kernels import family_names
     from tilepilot.orchestrator.replay import default_dataset
 

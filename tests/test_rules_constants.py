@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -36,6 +37,31 @@ def test_a_file_overrides_the_constants_it_names_and_keeps_the_rest(tmp_path: Pa
     assert back == DEFAULT_CONSTANTS
 
 
+def test_the_order_mark_scales_each_tile_shape_and_a_file_may_leave_it_off(tmp_path: Path) -> None:
+    from tilepilot.agents.tile_model import ORDER_MARK, estimate
+
+    off = load_constants(write_json(tmp_path / "k.json", {"order_mark": 0}))
+    assert off == dataclasses.replace(DEFAULT_CONSTANTS, order_mark=0.0)
+    half = dataclasses.replace(DEFAULT_CONSTANTS, order_mark=0.5)
+    for (bm, bn, warps), mark in [((128, 128, 8), ORDER_MARK[128, 128, 8]), ((256, 128, 8), ORDER_MARK[256, 128, 8]),
+                                  ((64, 64, 4), ORDER_MARK[64, 64, 4]), ((32, 64, 4), 0.0)]:
+        c = Config.of({"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
+                       "num_warps": warps, "num_stages": 3})
+        bare = estimate(SQUARE, c, k=off).predicted_ms
+        assert estimate(SQUARE, c).predicted_ms == pytest.approx(bare * math.exp(mark), rel=1e-12)
+        assert estimate(SQUARE, c, k=half).predicted_ms == pytest.approx(bare * math.exp(mark / 2), rel=1e-12)
+    # the rotating recording's lean: 128x128 with 8 warps read slow there, 128x256 and 256x128 fast
+    assert ORDER_MARK[128, 128, 8] < 0 < ORDER_MARK[128, 256, 8] and ORDER_MARK[256, 128, 8] > 0
+
+
+def test_fits_read_the_grid_as_recorded_without_the_order_mark() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    import fit_rules  # type: ignore[import-not-found]
+
+    assert fit_rules.NEUTRAL.order_mark == 0.0
+    assert DEFAULT_CONSTANTS.order_mark == 1.0
+
+
 def test_without_the_variable_the_shipped_constants_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(CONSTANTS_ENV, raising=False)
     assert configured_constants() == DEFAULT_CONSTANTS
@@ -46,6 +72,9 @@ def test_without_the_variable_the_shipped_constants_are_used(monkeypatch: pytest
     ({"l2_gbps": -1}, "rules constant l2_gbps=-1 "),
     ({"l2_gbps": "fast"}, "rules constant l2_gbps='fast' "),
     ({"l2_gbps": True}, "rules constant l2_gbps=True "),
+    ({"l2_gbps": 0}, "rules constant l2_gbps=0 "),
+    ({"order_mark": 1.5}, "rules constant order_mark=1.5 .* must be from 0 to 1"),
+    ({"order_mark": -0.5}, "rules constant order_mark=-0.5 .* must be from 0 to 1"),
     ([1, 2], "must be a JSON object"),
 ])
 def test_bad_constants_are_one_line_errors_naming_the_value(tmp_path: Path, content: object, message: str) -> None:
@@ -105,7 +134,8 @@ def test_the_fit_measures_how_much_more_the_model_errs_where_both_operands_load_
     data = fit_rules.problem_data(ds, ds.problems)
     both = [d for d in data if fit_rules.both_scalar(d.problem)]
     assert [d.problem.label() for d in both] == ["M=3000 N=5000 K=1000 fp16", "M=1500 N=1500 K=1500 fp16"]
-    ratio = fit_rules.error_variance_ratio(data, DEFAULT_CONSTANTS)
+    # measured on the grid as recorded (rotating order): without the order mark, as fits read it
+    ratio = fit_rules.error_variance_ratio(data, dataclasses.replace(DEFAULT_CONSTANTS, order_mark=0.0))
     assert ratio == pytest.approx(DEFAULT_CONSTANTS.scalar_error_var, rel=0.01)  # what the shipped fit measured
     assert ratio > 4
     assert fit_rules.error_variance_ratio([d for d in data if d not in both], DEFAULT_CONSTANTS) == 1.0  # no evidence
