@@ -107,8 +107,8 @@ class Constants:
 # bench/results/order-shape-shift-h200.json, pair h200-grid-vs-rerecord-shuffled: the H200 grid
 # recorded on 2026-11-21 in rotating order, as the H100 grid was that day, against four of its
 # problems recorded again in shuffled order). The timer shuffles every round now, so the model's
-# time of a config is scaled by exp(mark) of its shape (`Constants.order_mark` of it): a model
-# fitted on the rotating grid then ranks as today's timer measures (decided on the seventh fresh
+# time of a config is scaled by exp(Constants.order_mark x the mark of its shape): a model fitted
+# on the rotating grid then ranks as today's timer measures (decided on the seventh fresh
 # H200 set by the rule written before it was recorded: bench/results/matmul-h200-fresh7-plan.json).
 ORDER_MARK: Mapping[tuple[int, int, int], float] = {
     (64, 64, 4): 0.021, (64, 64, 8): 0.0389, (64, 128, 4): 0.0035, (64, 128, 8): -0.0072,
