@@ -45,8 +45,9 @@ FITTED = ("mma_half_area", "mma_half_n", "l2_gbps", "sm_gbps", "latency_us", "du
 ROWS_WRAPPED_VERSIONS = frozenset({"1+516ee1613431", "1+9c11706f12b3", "1+eab120ae5219"})
 # Where every fit starts: round physical values set before any fitting, so a leave-one-out fit
 # carries nothing of its held-out problem. A fit reads the times as the grid recorded them, without
-# the order mark (tile_model.ORDER_MARK): the grids it fits were recorded in rotating order, the
-# mark's reference, and so are its constants' scores on them (bench/search.py's fitting protocols).
+# the order mark (tile_model.ORDER_MARK): the shipped fit and bench/search.py's fitting protocols
+# fit the H100 grid, recorded in rotating order (the mark's reference), and score it so; the refits
+# of bench/refit_sets.py read their grids without it too, as they did before the mark.
 NEUTRAL = dataclasses.replace(DEFAULT_CONSTANTS, mma_half_area=4096.0, mma_half_n=32.0, l2_gbps=9000.0,
                               sm_gbps=120.0, latency_us=1.0, dup_gbps=1000.0, fill_us=1.0, scalar_gbps=16.0,
                               overlap_power=2.0, order_mark=0.0)

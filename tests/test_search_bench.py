@@ -21,6 +21,8 @@ import search  # type: ignore[import-not-found]  # noqa: E402
     (["--arm", "history", "--heads", "T,nope"], "unknown --heads 'nope' (allowed: warm, n, cc,"),
     (["--noise", "1.5"], "--noise 1.5: must be at least 0 and below 1"),
     (["--noise", "0.02", "--arm", "warm"], "--noise 0.02: only for --arm search"),
+    (["--order-mark", "1.5", "--protocol", "shipped"], "--order-mark 1.5: must be from 0 to 1"),
+    (["--order-mark", "0"], "--order-mark with --protocol lopo: only with --protocol shipped"),
 ])
 def test_a_bad_kernel_or_protocol_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -151,3 +153,17 @@ def test_a_history_holding_a_problem_twice_is_refused_in_one_line(history: str, 
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and message in proc.stderr
     assert "Traceback" not in proc.stderr and not out.exists()
+
+
+def test_the_shipped_protocol_scores_the_model_with_the_order_mark_asked_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(search, "ORDER_MARK", None)  # main sets it: restored after the test
+    grid = str(REPO / "data/replay/matmul-h200-rerecord-shuffled.jsonl.gz")
+    marks = {}
+    for argv in ([], ["--order-mark", "0"]):
+        out = tmp_path / f"s{len(argv)}.json"
+        assert search.main(["--dataset", grid, "--protocol", "shipped", "--proposers", "rules", "--seeds", "1",
+                            "--jobs", "1", "--out", str(out), *argv]) == 0
+        result = json.loads(out.read_text())
+        marks[result["order_mark"]] = {c["order_mark"] for c in result["rules_constants"].values()}
+    assert marks == {1.0: {1.0}, 0.0: {0.0}}
