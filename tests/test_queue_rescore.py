@@ -230,7 +230,9 @@ def test_a_sweep_drops_nothing(tmp_path):
 
 def test_pinned_entry_stays_first_through_rescoring(tmp_path, dataset):
     # one problem: it runs two batches ahead, so its second batch waits in the queue while the first runs
-    one = "".join(f"{k} = {json.dumps(v)}\n" for k, v in PROBLEMS[0].items())
+    # (the skinny one: its first batch's results move the model's order of the rest, with or without the
+    # tile model's order mark)
+    one = "".join(f"{k} = {json.dumps(v)}\n" for k, v in PROBLEMS[1].items())
     campaign = write_campaign(tmp_path / "c.toml", proposer="rules", budget=16,
                               extra=f"hypothesis_share = 0\n[[problems]]\n{one}")
     run = DriverThread(campaign, dataset, tmp_path / "t.db").start()
