@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_env import campaign_toml, git  # noqa: E402
+from fit_rules import NEUTRAL  # noqa: E402
 
 from tilepilot.agents.tile_model import CONSTANTS_ENV  # noqa: E402
 from tilepilot.experiments import Problem  # noqa: E402
@@ -99,7 +100,7 @@ def run(dataset_path: str, protocol: str, proposer: str, budget: int) -> dict[st
             env = dict(os.environ)
             if constants is not None:
                 path = Path(tmp) / f"{name}.constants.json"
-                path.write_text(json.dumps({**constants, "order_mark": 0.0}))  # as search.py's folds
+                path.write_text(json.dumps({**constants, "order_mark": NEUTRAL.order_mark}))  # fitted: a fit's mark
                 env[CONSTANTS_ENV] = str(path)
             tune(toml, dataset_path, db, "--cold", env=env)
             with open_db(str(db)) as conn:

@@ -114,7 +114,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_rules import fit, problem_data, recorded_versions
+from fit_rules import NEUTRAL, fit, problem_data, recorded_versions
 
 from tilepilot.agents.base import HistoryReader, Proposer, ProposerContext, SearchState
 from tilepilot.agents.optuna_gp import GpSettings, OptunaGpProposer
@@ -354,9 +354,10 @@ def _fit_task(train_keys: list[str]) -> Constants:
 
 
 def order_mark(protocol: str) -> float:
-    """How much of the tile model's order mark the run's constants take on (`Constants.order_mark`)."""
+    """How much of the tile model's order mark the run's constants take on (`Constants.order_mark`):
+    a fit's (`fit_rules.NEUTRAL`) where the constants are fitted, else the shipped one or --order-mark."""
     if protocol != "shipped":
-        return 0.0
+        return NEUTRAL.order_mark
     return DEFAULT_CONSTANTS.order_mark if ORDER_MARK is None else ORDER_MARK
 
 
@@ -370,11 +371,9 @@ def fold_constants(pool: Any, dataset: ReplayDataset, protocol: str) -> dict[str
         dev = fit(problem_data(dataset, chosen))
         return dict.fromkeys(keys, dev)
     if protocol == "shipped":
-        shipped = DEFAULT_CONSTANTS if ORDER_MARK is None else dataclasses.replace(DEFAULT_CONSTANTS,
-                                                                                     order_mark=ORDER_MARK)
-        return dict.fromkeys(keys, shipped)
+        return dict.fromkeys(keys, dataclasses.replace(DEFAULT_CONSTANTS, order_mark=order_mark(protocol)))
     if protocol == "folds":
-        return {p.key(): dataclasses.replace(DEFAULT_CONSTANTS, order_mark=0.0, **f["constants"])
+        return {p.key(): dataclasses.replace(DEFAULT_CONSTANTS, order_mark=order_mark(protocol), **f["constants"])
                 for f in json.loads(FOLDS.read_text())["folds"] for p in dataset.problems if p.label() in f["held_out"]}
     fitted = pool.map(_fit_task, [[k for k in keys if k != held] for held in keys], chunksize=1)
     return dict(zip(keys, fitted, strict=True))
