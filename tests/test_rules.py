@@ -665,3 +665,25 @@ def test_the_pool_ranks_each_variant_by_whether_it_wraps_rows_past_m() -> None:
     assert {c["VARIANT"] for c in valid} == {"grouped", "persistent"}
     assert p._configs() == sorted(valid, key=lambda c: (p._rank_key(c), order[c]))
     assert p._configs()[0]["VARIANT"] == "grouped"  # no wrapped rows to re-read
+
+
+def test_a_failure_ranks_down_only_its_stage_twins_not_another_variant_of_the_tile() -> None:
+    flagged = SearchSpace((*UNCHECKED.params, Param("FLAG", ("a", "b"))))
+    p = RulesProposer(ProposerContext("matmul", SQUARE, flagged, seed=0, budget=200))
+
+    def flag(c: Config, value: str) -> Config:
+        return Config.of({**c.as_dict(), "FLAG": value})
+
+    crashed = flag(cfg(128, 128, 64, 4, 3), "a")
+    twin, other_flag, other_tile = flag(cfg(128, 128, 64, 4, 4), "a"), flag(cfg(128, 128, 64, 4, 4), "b"), \
+        flag(cfg(128, 128, 64, 8, 4), "a")
+    before = dict(zip((twin, other_flag, other_tile), p.score([twin, other_flag, other_tile]), strict=True))
+    state = SearchState()
+    state.results[crashed] = Result(SQUARE, crashed, Status.CRASHED, ENV, message="illegal memory access")
+    p.observe([state.results[crashed]])
+    after = dict(zip((twin, other_flag, other_tile), p.score([twin, other_flag, other_tile]), strict=True))
+    assert "failed to run" in after[twin][1] and after[twin][0] == pytest.approx(4 * before[twin][0])
+    for c in (other_flag, other_tile):
+        assert "failed to run" not in after[c][1] and after[c][0] == pytest.approx(before[c][0])
+    order = p._configs()  # the pool in the model's order, penalties included
+    assert order.index(other_flag) < order.index(twin), "the other variant of the tile ranks ahead of the twin"

@@ -8,8 +8,12 @@ prediction of every unmeasured config: a per-problem offset and a smooth correct
 region whose neighbours ran slow drops and one that beat the model rises. Learned failure
 regions: an `out_of_resources` result ranks every config that needs at least as much shared
 memory after all others; other failures that never run (compile error, crash, wrong result)
-penalise the configs with the same tile shape and warps (4x their predicted time in the
-ranking). Neither is dropped, so the search stays exhaustive.
+penalise the configs that differ from the failed one in num_stages alone (4x their predicted
+time in the ranking): the same tile shape and warps, and the same value of every parameter outside
+the tile (a kernel variant, a flag), since a failure of one code path says nothing of another. A
+crash injected through such a parameter (bench/gpu_campaign.py's FAULT=oob at 128x128x64 with 4
+warps) had ranked that tile down for every campaign problem, the optimum of several among them.
+Neither is dropped, so the search stays exhaustive.
 
 Each batch is picked greedily by the lower confidence bound of the corrected prediction;
 each pick is then added to the GP as if measured at its mean, which spreads a batch out.
@@ -154,7 +158,7 @@ class RulesProposer(Proposer):
         self._grades = [_grades(p.choices) for p in ctx.space.params]  # choice index -> distance position
         self._smem_cap: int | None = None  # least shared memory seen to fail with out_of_resources
         self._picks = 0  # proposals made, for the local-step rhythm
-        self._bad_shapes: set[tuple[int, int, int, int]] = set()
+        self._bad_shapes: set[tuple[object, ...]] = set()  # _failure_key of configs that failed to run
         self._transfers: list[ResidualGp] = []  # a GP over each source problem's residuals, nearest first
         # the problems the correction comes from, their results, and the sibling device they ran on ("": this one)
         self._sources: list[tuple[Problem, int, str]] = []
@@ -475,7 +479,7 @@ class RulesProposer(Proposer):
                 if est is not None and not est.launches:  # whether it launches is the same for every variant
                     skipped += 1
                     continue
-                keys_of: dict[bool, float] = {}  # by Tile.wraps_rows, which the config's VARIANT sets
+                keys_of: dict[bool, tuple[float, Estimate | None]] = {}  # by Tile.wraps_rows (the VARIANT's)
                 base = sum(radix[i] * s for i, s in zip(tiled, tile_steps, strict=True))
                 for rest_steps, rest_values, offset in rests:
                     config = Config.of(dict(zip(names, _tuple(in_order(tile_values + rest_values)), strict=True)))
@@ -483,8 +487,10 @@ class RulesProposer(Proposer):
                         wraps = tile is not None and config.get(VARIANT) not in ROWS_MASKED_VARIANTS
                         if wraps not in keys_of:
                             e = self._estimate_tile(tile and dataclasses.replace(tile, wraps_rows=wraps))
-                            keys_of[wraps] = (0.0 if e is None else math.log(e.predicted_ms)) + self._penalty_of(e)
-                        found.append((keys_of[wraps], base + offset, config, _tuple(in_order(tile_steps + rest_steps))))
+                            keys_of[wraps] = (0.0 if e is None else math.log(e.predicted_ms)), e
+                        key, e = keys_of[wraps]
+                        found.append((key + self._penalty_of(config, e), base + offset, config,
+                                      _tuple(in_order(tile_steps + rest_steps))))
             if skipped:
                 log.debug("rules: %d tiles of %s cannot launch by the resource model", skipped, problem.label())
             configs = [f[2] for f in found]
@@ -660,20 +666,18 @@ class RulesProposer(Proposer):
         if r.status is Status.OUT_OF_RESOURCES:
             self._smem_cap = est.shared_bytes if self._smem_cap is None else min(self._smem_cap, est.shared_bytes)
         else:
-            t = est.tile
-            self._bad_shapes.add((t.bm, t.bn, t.bk, t.warps))
+            self._bad_shapes.add(_failure_key(r.config, est.tile))
         self._pool = None  # re-rank
 
     def _penalty(self, config: Config) -> float:
-        return self._penalty_of(self.estimate(config))
+        return self._penalty_of(config, self.estimate(config))
 
-    def _penalty_of(self, est: Estimate | None) -> float:
+    def _penalty_of(self, config: Config, est: Estimate | None) -> float:
         if est is None:
             return 0.0
         if self._smem_cap is not None and est.shared_bytes >= self._smem_cap:
             return OUT_OF_RESOURCES_PENALTY
-        t = est.tile
-        return FAILED_SHAPE_PENALTY if (t.bm, t.bn, t.bk, t.warps) in self._bad_shapes else 0.0
+        return FAILED_SHAPE_PENALTY if _failure_key(config, est.tile) in self._bad_shapes else 0.0
 
     # ---- explaining ----------------------------------------------------------------
     def _why(self, config: Config, predicted: float, std: float, best: Result | None, measured: int) -> str:
@@ -793,6 +797,12 @@ def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
     and 1 more (in quadrature, as a differing element size) where the device is a sibling."""
     d = _shape_distance(p, q)
     return d if on == device else math.sqrt(d * d + 1.0)
+
+
+def _failure_key(config: Config, tile: Tile) -> tuple[object, ...]:
+    """What a config that failed to run shares with those its failure ranks down: the tile shape and
+    warps, and every parameter outside the tile (num_stages alone may differ)."""
+    return (tile.bm, tile.bn, tile.bk, tile.warps, *((k, v) for k, v in config.items_ if k not in TILE_NAMES))
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]
