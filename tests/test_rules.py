@@ -675,8 +675,9 @@ def test_a_failure_ranks_down_only_its_stage_twins_not_another_variant_of_the_ti
         return Config.of({**c.as_dict(), "FLAG": value})
 
     crashed = flag(cfg(128, 128, 64, 4, 3), "a")
-    twin, other_flag, other_tile = flag(cfg(128, 128, 64, 4, 4), "a"), flag(cfg(128, 128, 64, 4, 4), "b"), \
-        flag(cfg(128, 128, 64, 8, 4), "a")
+    twin = flag(cfg(128, 128, 64, 4, 4), "a")  # differs in num_stages alone
+    other_flag = flag(cfg(128, 128, 64, 4, 4), "b")
+    other_tile = flag(cfg(128, 128, 64, 8, 4), "a")
     before = dict(zip((twin, other_flag, other_tile), p.score([twin, other_flag, other_tile]), strict=True))
     state = SearchState()
     state.results[crashed] = Result(SQUARE, crashed, Status.CRASHED, ENV, message="illegal memory access")

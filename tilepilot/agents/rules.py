@@ -677,7 +677,7 @@ class RulesProposer(Proposer):
             return 0.0
         if self._smem_cap is not None and est.shared_bytes >= self._smem_cap:
             return OUT_OF_RESOURCES_PENALTY
-        return FAILED_SHAPE_PENALTY if _failure_key(config, est.tile) in self._bad_shapes else 0.0
+        return FAILED_SHAPE_PENALTY if self._bad_shapes and _failure_key(config, est.tile) in self._bad_shapes else 0.0
 
     # ---- explaining ----------------------------------------------------------------
     def _why(self, config: Config, predicted: float, std: float, best: Result | None, measured: int) -> str:
