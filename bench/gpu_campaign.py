@@ -27,7 +27,8 @@ earlier timing method on a GPU in another thermal state, so where a winner's rec
 the recorded optimum's disagree by more than the noise, time them again side by side: for every
 problem of a campaign result, the winner and the recorded optimum are re-measured together
 (interleaved, 3 independent re-measurements), and the median ratio winner / optimum is added to
-the result as `regret_remeasured`.
+the result as `regret_remeasured`. The recorded grid is the one the result names (its "dataset"),
+unless `--dataset` gives another.
 
     python bench/gpu_campaign.py --arbitrate bench/results/gpu-campaign-h100.json --out $OUT/arbitrated.json
 
@@ -51,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tilepilot.agents.tile_model import CONSTANTS_ENV, load_constants  # noqa: E402
-from tilepilot.experiments import Problem  # noqa: E402
+from tilepilot.experiments import InputError, Problem  # noqa: E402
 from tilepilot.kernels.registry import get_family  # noqa: E402
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset  # noqa: E402
 from tilepilot.storage.queries import best, events, history, open_db  # noqa: E402
@@ -107,6 +108,23 @@ def run_campaign(toml: Path, name: str, db: str, env: dict[str, str], cold: bool
     return subprocess.call(cmd, cwd=ROOT, env=env)
 
 
+def dataset_of(result_path: Path | None) -> str:
+    """The recorded grid a campaign result was checked against (its "dataset", a file of
+    data/replay/, compressed since the earliest results named it); the H100 grid where no result is
+    given. InputError, in a line, where the result cannot be read or names no grid there is."""
+    if result_path is None:
+        return str(ROOT / "data/replay/matmul-h100.jsonl.gz")
+    try:
+        name = json.loads(result_path.read_text())["dataset"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"--arbitrate {result_path}: not a campaign result this script wrote ({e})") from None
+    replay = ROOT / "data" / "replay"
+    for path in (replay / Path(str(name)).name, replay / f"{Path(str(name)).name}.gz"):  # early results: .jsonl
+        if path.is_file():
+            return str(path)
+    raise InputError(f"--arbitrate {result_path}: its dataset {name!r} is not in data/replay/ (give --dataset)")
+
+
 def arbitrate(result_path: Path, dataset: ReplayDataset, out: Path) -> None:
     """Re-time each problem's winner beside the recorded optimum (see the module docstring)."""
     import statistics
@@ -147,7 +165,8 @@ def arbitrate(result_path: Path, dataset: ReplayDataset, out: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dataset", default=str(ROOT / "data/replay/matmul-h100.jsonl.gz"))
+    ap.add_argument("--dataset", help="the recorded grid (default: with --arbitrate, the result's own; else "
+                                      "data/replay/matmul-h100.jsonl.gz)")
     ap.add_argument("--db")
     ap.add_argument("--out")
     ap.add_argument("--folds", type=int, default=4, help="held-out folds for the rules constants (0: shipped ones)")
@@ -162,7 +181,7 @@ def main() -> int:
                     help="every fold starts cold: tune --cold, no warm start and no history from the store")
     args = ap.parse_args()
 
-    dataset = load_dataset(args.dataset, get_family("matmul"))
+    dataset = load_dataset(args.dataset or dataset_of(args.arbitrate), get_family("matmul"))
     problems = dataset.problems[: args.problems or None]
     if args.fit_folds:
         fit_folds(dataset, problems, args.folds, args.fit_folds)
