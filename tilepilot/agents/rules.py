@@ -158,7 +158,7 @@ class RulesProposer(Proposer):
         self._grades = [_grades(p.choices) for p in ctx.space.params]  # choice index -> distance position
         self._smem_cap: int | None = None  # least shared memory seen to fail with out_of_resources
         self._picks = 0  # proposals made, for the local-step rhythm
-        self._bad_shapes: set[tuple[object, ...]] = set()  # _failure_key of configs that failed to run
+        self._bad_shapes: set[tuple[tuple[str, object], ...]] = set()  # _failure_key of configs that failed to run
         self._transfers: list[ResidualGp] = []  # a GP over each source problem's residuals, nearest first
         # the problems the correction comes from, their results, and the sibling device they ran on ("": this one)
         self._sources: list[tuple[Problem, int, str]] = []
@@ -666,7 +666,7 @@ class RulesProposer(Proposer):
         if r.status is Status.OUT_OF_RESOURCES:
             self._smem_cap = est.shared_bytes if self._smem_cap is None else min(self._smem_cap, est.shared_bytes)
         else:
-            self._bad_shapes.add(_failure_key(r.config, est.tile))
+            self._bad_shapes.add(_failure_key(r.config))
         self._pool = None  # re-rank
 
     def _penalty(self, config: Config) -> float:
@@ -677,7 +677,7 @@ class RulesProposer(Proposer):
             return 0.0
         if self._smem_cap is not None and est.shared_bytes >= self._smem_cap:
             return OUT_OF_RESOURCES_PENALTY
-        return FAILED_SHAPE_PENALTY if self._bad_shapes and _failure_key(config, est.tile) in self._bad_shapes else 0.0
+        return FAILED_SHAPE_PENALTY if self._bad_shapes and _failure_key(config) in self._bad_shapes else 0.0
 
     # ---- explaining ----------------------------------------------------------------
     def _why(self, config: Config, predicted: float, std: float, best: Result | None, measured: int) -> str:
@@ -799,10 +799,10 @@ def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
     return d if on == device else math.sqrt(d * d + 1.0)
 
 
-def _failure_key(config: Config, tile: Tile) -> tuple[object, ...]:
-    """What a config that failed to run shares with those its failure ranks down: the tile shape and
-    warps, and every parameter outside the tile (num_stages alone may differ)."""
-    return (tile.bm, tile.bn, tile.bk, tile.warps, *((k, v) for k, v in config.items_ if k not in TILE_NAMES))
+def _failure_key(config: Config) -> tuple[tuple[str, object], ...]:
+    """What a config that failed to run shares with those its failure ranks down: every parameter
+    but num_stages (the tile shape, warps, and whatever lies outside the tile)."""
+    return tuple((k, v) for k, v in config.items_ if k not in ALIASES["stages"])
 
 
 def _tuple(x: object) -> tuple:  # type: ignore[type-arg]
