@@ -498,7 +498,7 @@ def test_another_kernel_versions_results_count_by_distance_and_come_second_at_eq
     assert "another version" not in same.drain_records().notes[0]
 
 
-def test_the_corrections_of_the_three_nearest_problems_of_the_regime_are_averaged() -> None:
+def test_the_corrections_of_the_nearest_problems_of_the_regime_are_averaged_by_inverse_square_distance() -> None:
     middle = Problem.of({"M": 4096, "N": 6144, "K": 2048, "dtype": "bf16"})  # 1.17 from SQUARE
     truth = {q: _slow_wide_tiles(q) for q in (NEAR, middle, FAR, ELEMENT_WISE)}
     truth[FAR] = {c: 1.0 for c in list(truth[FAR])[:8]}  # FAR's results disagree with the others'
@@ -507,15 +507,36 @@ def test_the_corrections_of_the_three_nearest_problems_of_the_regime_are_average
     p.propose(SearchState(), 4)
     assert history.asked == [NEAR, middle, FAR]  # nearest first; ELEMENT_WISE loads otherwise
     alone = [with_history(History({q: truth[q]})) for q in (NEAR, middle, FAR)]
+    weights = [1.0, 1 / (1 + math.log2(1.5) ** 2), 1 / 27.0]  # 1/d²: d = 1, 1.17 and sqrt(27) (3 octaves each way)
     for c in (cfg(128, 128, 64, 8, 3), cfg(128, 64, 64, 8, 3), cfg(64, 64, 32, 4, 4)):
-        assert p._shift(c) == pytest.approx(np.mean([a._shift(c) for a in alone]), abs=1e-9)
+        assert p._shift(c) == pytest.approx(np.average([a._shift(c) for a in alone], weights=weights), abs=1e-9)
+    far_alone = alone[2]._shift(cfg(128, 128, 64, 8, 3))
+    mean = np.mean([a._shift(cfg(128, 128, 64, 8, 3)) for a in alone])
+    assert abs(p._shift(cfg(128, 128, 64, 8, 3)) - far_alone) > abs(mean - far_alone)  # the far one counts less
     assert p.drain_records().notes == (
         f"rules: the tile model for {SQUARE.label()} corrected by {len(truth[NEAR])} results of {NEAR.label()}, the "
         f"nearest problem the store holds with vectorised operands, and by {len(truth[middle])} of {middle.label()} "
-        f"and 8 of {FAR.label()} (the mean of their corrections)",)
+        f"and 8 of {FAR.label()} (the mean of their corrections, weighed by 1/distance²)",)
     own = History({**truth, SQUARE: _slow_wide_tiles(SQUARE)})
     with_history(own).propose(SearchState(), 1)
     assert own.asked == [NEAR, middle, FAR]  # not its own earlier results on this device
+
+
+def test_the_five_nearest_problems_of_the_regime_correct_the_model_and_no_more() -> None:
+    shapes = [(4096, 4096, 2048), (4096, 6144, 2048), (2048, 4096, 4096), (4096, 2048, 8192), (8192, 4096, 2048),
+              (1024, 1024, 1024)]  # the last is the farthest from SQUARE
+    problems = [Problem.of({"M": m, "N": n, "K": k, "dtype": "bf16"}) for m, n, k in shapes]
+    history = History({q: _slow_wide_tiles(q) for q in problems})
+    p = with_history(history)
+    p.propose(SearchState(), 4)
+    assert sorted(history.asked, key=Problem.key) == sorted(problems[:5], key=Problem.key)
+    assert len(p._transfers) == len(p._weights) == 5
+
+
+def test_a_source_weighs_the_inverse_square_of_its_distance_from_a_floor() -> None:
+    from tilepilot.agents.rules import TRANSFER_NEAR, _source_weight
+    assert _source_weight(2.0) == pytest.approx(0.25) and _source_weight(1.0) == 1.0
+    assert _source_weight(0.1) == _source_weight(0.0) == pytest.approx(1 / TRANSFER_NEAR**2)
 
 
 H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"

@@ -234,7 +234,7 @@ def test_the_store_hands_a_rules_campaign_the_results_of_nearby_problems_unless_
         notes = [m for (m,) in store.db.execute("SELECT message FROM events WHERE kind = 'proposer'")]
     assert notes == ["rules: the tile model for M=1024 N=512 K=512 fp16 corrected by 8 results of "
                      "M=512 N=512 K=512 fp16, the nearest problem the store holds with vectorised operands, and by "
-                     "8 of M=64 N=1024 K=2048 bf16 (the mean of their corrections)"]
+                     "8 of M=64 N=1024 K=2048 bf16 (the mean of their corrections, weighed by 1/distance²)"]
     code = main(["tune", str(write_campaign(root / "c.toml", "c", [P3], proposer="rules")), "--backend", "replay",
                  "--dataset", str(setup["dataset"]), "--db", str(db), "--cold"])
     assert code == 0, capsys.readouterr().err

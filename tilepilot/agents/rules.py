@@ -32,9 +32,10 @@ one value for every tile can spend a small budget without once testing the prefe
 fastest configs all have 4.
 History: where the store holds results of a problem whose operands load the same way (the
 tile model's regimes, `element_wise_operands`: both vectorised, or A, B or both element by
-element), the nearest TRANSFER_SOURCES (3) such problems (log-shape distance) correct the model
-before this problem's first result, by the mean of their corrections; the problem itself, measured
-on a sibling device by an earlier campaign, stands alone. Its own earlier results on this device are
+element), the nearest TRANSFER_SOURCES (5) such problems (log-shape distance d) correct the model
+before this problem's first result, by the mean of their corrections weighed by 1/d² (d from
+TRANSFER_NEAR up); the problem itself, measured on a sibling device by an earlier campaign, stands
+alone. Its own earlier results on this device are
 not read as a correction: as one they cost more than they gave (bench/retune.py: after an Optuna or a
 random campaign of 8 configs on the same problem, 8 configs of `rules` corrected by that campaign's
 results found fewer problems within 2% than the model alone, README "Re-tuning a problem the store
@@ -42,7 +43,12 @@ holds"); the driver reuses them instead, as results of the campaign's own, where
 their configs. One source was the rule before: on a fresh
 H200 set held out from the choice (README, "A third fresh set on the H200"), three gave as many
 problems within 2% at 8 configs and no higher a median of configs to 2%, as decided in advance
-(bench/results/matmul-h200-fresh3-plan.json). Results
+(bench/results/matmul-h200-fresh3-plan.json). The mean of the three was the rule after: with every
+other recorded grid in the store, the weighted five put the first config within 2% of the optimum
+on 123 of the grids' 191 problems against 112, and took at most half of cold's configs on 11 of 12
+grids against 9 (bench/results/warm-start-allgrids-screen.json); on a ninth fresh H200 set recorded
+to decide it, as many problems within 2% and no higher a median, as decided in advance
+(bench/results/matmul-h200-fresh9-plan.json). Results
 of a sibling device (`roofline.SIBLINGS`: the same chip with other memory, as the H200 is to the
 H100 SXM) count too, one unit farther (in quadrature, as a differing element size). Results of
 another kernel version (`ProposerContext.kernel_version`: the kernel's source changed since) stand
@@ -113,7 +119,8 @@ PREDICT_ROWS = 16384  # the GP predicts the pool in chunks of this many configs 
 TRANSFER_NOISE_VAR = 0.05  # log units²: how loosely another problem's residual stands for this one's
 TRANSFER_MIN_RESULTS = 4  # results a problem of the store needs before its residuals are read
 TRANSFER_MAX_RESULTS = 256  # at most this many of them (every k-th by config) feed the GP: its cost is cubic
-TRANSFER_SOURCES = 3  # the nearest problems of the store whose corrections are averaged (see the module docstring)
+TRANSFER_SOURCES = 5  # the nearest problems of the store whose corrections are averaged (see the module docstring)
+TRANSFER_NEAR = 0.25  # a source nearer than this (log-shape distance) weighs as one this near
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,7 @@ class RulesProposer(Proposer):
         self._picks = 0  # proposals made, for the local-step rhythm
         self._bad_shapes: set[tuple[tuple[str, object], ...]] = set()  # _failure_key of configs that failed to run
         self._transfers: list[ResidualGp] = []  # a GP over each source problem's residuals, nearest first
+        self._weights: list[float] = []  # each source's weight in the correction (`_source_weight`)
         # the problems the correction comes from, their results, and the sibling device they ran on ("": this one)
         self._sources: list[tuple[Problem, int, str]] = []
         self._shifts: dict[Config, float] = {}  # the correction of each config asked for
@@ -404,6 +412,7 @@ class RulesProposer(Proposer):
                                        noise_var=TRANSFER_NOISE_VAR))
             gp.fit(xs, [y - middle for y in ys])
             self._transfers.append(gp)
+            self._weights.append(_source_weight(_source_distance(p, device, q, on)))
             self._sources.append((q, len(ys), "" if on == device else on))
             where = "" if on == device else f" on the {on}"
             if q == p:
@@ -418,7 +427,7 @@ class RulesProposer(Proposer):
             if (q == p and len(parts) == 1) or len(parts) == TRANSFER_SOURCES:
                 break  # the problem's own earlier results (on a sibling), the nearest there can be, stand alone
         if parts:
-            mean = "" if len(parts) == 1 else " (the mean of their corrections)"
+            mean = "" if len(parts) == 1 else " (the mean of their corrections, weighed by 1/distance²)"
             rest = ", ".join(parts[1:-1]) + (" and " if len(parts) > 2 else "") + parts[-1] if len(parts) > 1 else ""
             self._notes.append(f"rules: the tile model for {p.label()} corrected by {parts[0]}"
                                + (f", and by {rest}" if rest else "") + mean)
@@ -437,7 +446,8 @@ class RulesProposer(Proposer):
         shift = self._shifts.get(config)
         if shift is None:
             x = self._coords(config)
-            shift = 0.0 if x is None else float(np.mean([gp.predict([x])[0][0] for gp in self._transfers]))
+            shift = 0.0 if x is None else float(np.average([gp.predict([x])[0][0] for gp in self._transfers],
+                                                           weights=self._weights))
             self._shifts[config] = shift
         return shift
 
@@ -446,7 +456,7 @@ class RulesProposer(Proposer):
         self._read_history()
         if not self._transfers or not len(configs):
             return np.zeros(len(configs))
-        shifts = np.mean([_predict(gp, coords)[0] for gp in self._transfers], axis=0)
+        shifts = np.average([_predict(gp, coords)[0] for gp in self._transfers], axis=0, weights=self._weights)
         self._shifts.update(zip(configs, (float(v) for v in shifts), strict=True))
         return shifts
 
@@ -797,6 +807,12 @@ def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
     and 1 more (in quadrature, as a differing element size) where the device is a sibling."""
     d = _shape_distance(p, q)
     return d if on == device else math.sqrt(d * d + 1.0)
+
+
+def _source_weight(distance: float) -> float:
+    """A source's weight in the history's correction: the inverse square of its distance (from
+    TRANSFER_NEAR up: a source at distance 0.1 counts as one at 0.25, not 25 times as much)."""
+    return 1.0 / max(distance, TRANSFER_NEAR) ** 2
 
 
 def _failure_key(config: Config) -> tuple[tuple[str, object], ...]:
