@@ -810,8 +810,8 @@ def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
 
 
 def _source_weight(distance: float) -> float:
-    """A source's weight in the history's correction: the inverse square of its distance (from
-    TRANSFER_NEAR up: a source at distance 0.1 counts as one at 0.25, not 25 times as much)."""
+    """A source's weight in the history's correction: the inverse square of its distance, from
+    TRANSFER_NEAR up (a source at distance 0.1 weighs 16, as one at 0.25, not 100)."""
     return 1.0 / max(distance, TRANSFER_NEAR) ** 2
 
 
