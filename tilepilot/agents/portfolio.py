@@ -11,22 +11,21 @@ computing, the round waits for one config of it rather than end the campaign. Ev
 goes to every member's `observe`, whoever proposed it, so Optuna learns from the rules'
 configs and the rules' model from Optuna's.
 
-Credit: a member's candidate whose result beats the best time so far by more than
-`IMPROVEMENT` (relative) is an improvement for that member, and so is the problem's first
-timing (the first config that runs at all: without it the member that goes first, by its head
-start, would start its first round with nothing to show for it, and lose its lead before the
-data had said anything). Slots are given one at a time to the member with the highest upper
-confidence bound, `(improvements + prior) / (measured + 2) + explore * sqrt(ln(1 + given) /
-(1 + member_given))`, where `prior` is a member's head start: `MODEL_PRIOR` for a member that
-predicts the problem's configs before anything is measured (`rules` where the space has a
-GEMM's tile parameters: its tile model) and for `llm`, else its entry in `priors`, so a model
-leads until the data says otherwise (with both, they share the first rounds). A floor keeps
-every member alive, in whole slots: a member is owed the next slot when `floor` × (slots handed
-out + 1), rounded down, is more than it has had. Below that, a small budget is not split among
-members that cannot learn from a slot or two (TPE samples at random for its first trials): with
-a floor of 0.1, the first nine slots follow the bound alone, so an 8-config campaign is the
-model's where there is one. A member that has nothing to offer is skipped and its slots go to
-the others; the portfolio is exhausted when all are.
+Credit: a member's candidate whose result beats the best time so far by more than `IMPROVEMENT`
+(relative) is an improvement for that member, and so is the problem's first timing (the first config
+that runs at all: without it the member that goes first, by its head start, would start its first
+round with nothing to show for it, and lose its lead before the data had said anything). Slots are
+given one at a time to the member with the highest upper confidence bound, `(improvements + prior) /
+(measured + 2) + explore * sqrt(ln(1 + given) / (1 + member_given))`, where `prior` is a member's
+head start: `MODEL_PRIOR` for a member that predicts the problem's configs before anything is
+measured (`rules` where the space has a GEMM's tile parameters, its tile model, or is a row-wise
+kernel's, its row model) and for `llm`, else its entry in `priors`, so a model leads until the data
+says otherwise (with both, they share the first rounds). A floor keeps every member alive, in whole
+slots: a member is owed the next slot when `floor` × (slots handed out + 1), rounded down, is more
+than it has had. Below that, a small budget is not split among members that cannot learn from a slot
+or two (TPE samples at random for its first trials): with a floor of 0.1, the first nine slots
+follow the bound alone, so an 8-config campaign is the model's where there is one. A member that has
+nothing to offer is skipped and its slots go to the others; the portfolio is exhausted when all are.
 
 Candidates keep their member's prediction and hypothesis; the rationale says who proposed
 it, how the round was split and why, then the member's own reason.
@@ -44,7 +43,7 @@ from tilepilot.experiments import Candidate, Config, InputError, Result, Status
 
 DEFAULT_MEMBERS = ("rules", "optuna", "random")
 MODEL_PRIOR = 4.0  # head start of a member that predicts the problem's configs before any result
-# head start in improvements; others get DEFAULT_PRIOR. rules without a tile model for the space
+# head start in improvements; others get DEFAULT_PRIOR. rules without a model of the space
 # gets 1; llm, which reads the kernel, the space and the results as an engineer would, the model's.
 PRIOR_IMPROVEMENTS = {"rules": 1.0, "llm": MODEL_PRIOR}
 DEFAULT_PRIOR = 0.5

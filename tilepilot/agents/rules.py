@@ -75,8 +75,11 @@ other grid in the store (bench/warm_campaigns.py, README "Learnings as priors"),
 sum); on a sixth fresh H200 set, recorded to decide by a rule written first, 15 of 16 both, 0.37%
 against 0.38%.
 Each candidate carries `predicted_ms` and a one-line rationale: the reason from the model and
-a falsifiable hypothesis (the time range it expects). Spaces without tile parameters get no
-model (a flat prior) and the GP alone.
+a falsifiable hypothesis (the time range it expects). A row-wise kernel's space (softmax, rmsnorm,
+layernorm: BLOCK_SIZE, ROWS_PER_PROGRAM, num_warps, num_stages over rows × cols) is ranked by the row
+model (`row_model`: each program's chain of loads, the bytes streamed, the instructions issued)
+instead, without the history's correction or learnings; other spaces without tile parameters get
+no model (a flat prior) and the GP alone.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ import numpy as np
 from tilepilot.agents.base import Proposer, ProposerContext, ProposerRecords, SearchState
 from tilepilot.agents.residual_gp import GpSettings, ResidualGp
 from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline, siblings
+from tilepilot.agents.row_model import RowEstimate, describe_rows, estimate_rows, row_space
 from tilepilot.agents.rules_text import describe
 from tilepilot.agents.tile_model import (
     ALIASES,
@@ -156,6 +160,9 @@ class RulesProposer(Proposer):
         self._pool: _Pool | None = None  # valid configs the model lets launch, in prior order
         self._est: dict[Tile, Estimate] = {}  # the tile model's estimate of each tile seen
         self._modelled = gemm_dims(ctx.problem) is not None
+        # a row-wise kernel's space (softmax, rmsnorm, layernorm): the row model ranks it instead
+        self._rowwise = not self._modelled and row_space(set(ctx.space.names), ctx.problem)
+        self._row_est: dict[tuple[object, ...], RowEstimate] = {}
         # each parameter's choices -> position (a value matches a choice of its own type only)
         self._positions = [(p.name, {(type(c), c): i for i, c in enumerate(p.choices)}) for p in ctx.space.params]
         inert = _inert(ctx.problem, ctx.space)
@@ -211,7 +218,7 @@ class RulesProposer(Proposer):
             picked.add(config)
             alive = self._unknown(pool, alive, picked)  # nor an inert sibling of it in this batch
             predicted = math.exp(self._log_model(config) + mean)
-            known = self.estimate(config) is not None or measured > 0
+            known = self.estimate(config) is not None or self.row_estimate(config) is not None or measured > 0
             why = self._why(config, predicted, std, best, measured)
             if local is not None and best is not None:
                 why = f"local step from the best so far ({best.config.label()}); {why}"
@@ -245,10 +252,12 @@ class RulesProposer(Proposer):
         out: list[tuple[float | None, str]] = [(None, "")] * len(configs)
         for i, mean in zip(inside, means, strict=True):
             config = configs[i]
-            if self.estimate(config) is None and not xs:
+            modelled = self.estimate(config) is not None or self.row_estimate(config) is not None
+            if not modelled and not xs:
                 continue  # no model and nothing measured: no prediction
             predicted = math.exp(self._log_model(config) + float(mean))
-            basis = ("tile model" if self.estimate(config) is not None else "measured neighbours") + (
+            model = "tile model" if self.estimate(config) is not None else "row model"
+            basis = (model if modelled else "measured neighbours") + (
                 f" with the results of {self._source_label()}" if self._sources else "") + (
                 f" corrected by {len(xs)} result{'s' if len(xs) != 1 else ''}" if xs else ", nothing measured yet")
             reason = f"rules predicts {predicted:.3g} ms ({basis})"
@@ -262,7 +271,7 @@ class RulesProposer(Proposer):
         """The corrected prediction of the pool's first config (the model's, the history's and the
         failures' ranking; the GP's correction once results arrive is not in it)."""
         pool = self._pool_of()
-        if not self._modelled or not len(pool.configs):
+        if not (self._modelled or self._rowwise) or not len(pool.configs):
             return None
         return math.exp(float(pool.prior[0]))
 
@@ -288,9 +297,22 @@ class RulesProposer(Proposer):
         """The model's time before any measurement (1.0 in a space without a tile model)."""
         return math.exp(self._log_model(config))
 
+    def row_estimate(self, config: Config) -> RowEstimate | None:
+        """The row model's estimate of a config, None outside a row-wise kernel's space."""
+        if not self._rowwise:
+            return None
+        key = tuple(config.get(name) for name in ("BLOCK_SIZE", "ROWS_PER_PROGRAM", "num_warps", "num_stages"))
+        est = self._row_est.get(key)
+        if est is None:
+            est = self._row_est[key] = estimate_rows(self.ctx.kernel, self.ctx.problem, config, self.device)
+        return est
+
     def _log_model(self, config: Config) -> float:
         est = self.estimate(config)
-        return 0.0 if est is None else self._log_corrected(est, config) + self._learned_shift(config)[0]
+        if est is None:
+            row = self.row_estimate(config)
+            return 0.0 if row is None or not row.launches else math.log(row.predicted_ms)
+        return self._log_corrected(est, config) + self._learned_shift(config)[0]
 
     def _log_corrected(self, est: Estimate, config: Config) -> float:
         """The model's log-time of a config corrected by the history (not by the learnings)."""
@@ -499,6 +521,8 @@ class RulesProposer(Proposer):
                             e = self._estimate_tile(tile and dataclasses.replace(tile, wraps_rows=wraps))
                             keys_of[wraps] = (0.0 if e is None else math.log(e.predicted_ms)), e
                         key, e = keys_of[wraps]
+                        if e is None and self._rowwise:
+                            key = self._log_model(config)
                         found.append((key + self._penalty_of(config, e), base + offset, config,
                                       _tuple(in_order(tile_steps + rest_steps))))
             if skipped:
@@ -691,8 +715,10 @@ class RulesProposer(Proposer):
 
     # ---- explaining ----------------------------------------------------------------
     def _why(self, config: Config, predicted: float, std: float, best: Result | None, measured: int) -> str:
-        est = self.estimate(config)
-        if est is None:
+        est, row = self.estimate(config), self.row_estimate(config)
+        if row is not None:
+            reason = describe_rows(row, config) + self._device_note
+        elif est is None:
             reason = "no tile model for this space"
         else:
             reason = describe(est, self.roofline, self.device) + self._device_note
@@ -704,10 +730,10 @@ class RulesProposer(Proposer):
         if self._penalty(config):
             reason += "; ranked down: near a config that failed to run"
         if measured:
-            prior = self.prior_ms(config) if est else 1.0
+            prior = self.prior_ms(config)  # 1.0 without a model
             reason += f"; model ×{predicted / prior:.2f} after {measured} measured"
         lo, hi = predicted * math.exp(-2 * std), predicted * math.exp(2 * std)
-        if est is None and not measured:
+        if est is None and row is None and not measured:
             return f"{reason}; no prediction yet, taken in space order"
         claim = f"hypothesis: {lo:.3g}-{hi:.3g} ms"
         if best is not None and best.median_ms is not None:
