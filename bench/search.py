@@ -106,7 +106,7 @@ import statistics
 import sys
 import time
 import zlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -295,16 +295,23 @@ def regret_table(dataset: ReplayDataset, problems: Sequence[Problem]) -> dict[Pr
     return out
 
 
-def greedy_list(table: dict[Problem, dict[Config, float]], size: int) -> list[Config]:
-    """Configs added one at a time, each lowering (worst, mean) regret over the problems the most."""
+def greedy_list(table: dict[Problem, dict[Config, float]], size: int,
+                keep: Callable[[Config], bool] | None = None) -> list[Config]:
+    """Configs added one at a time, each lowering (worst, mean) regret over the problems the most;
+    with `keep`, the first `size` of that order that `keep` accepts (a list pruned of the configs a
+    problem cannot run, as an autotuner's list is: every config of a matmul grid runs on every problem,
+    a row-wise grid's blocks depend on the row's length)."""
     configs = sorted({c for regrets in table.values() for c in regrets}, key=Config.key)
     chosen: list[Config] = []
+    kept: list[Config] = []
     best = {p: math.inf for p in table}
-    for _ in range(min(size, len(configs))):
+    while len(kept) < size and len(chosen) < len(configs):
         pick = min((c for c in configs if c not in chosen), key=lambda c, best=best: _list_score(table, best, c))
         chosen.append(pick)
+        if keep is None or keep(pick):
+            kept.append(pick)
         best = {p: min(best[p], table[p].get(pick, math.inf)) for p in table}
-    return chosen
+    return kept
 
 
 def _list_score(table: dict[Problem, dict[Config, float]], best: dict[Problem, float],
@@ -315,7 +322,9 @@ def _list_score(table: dict[Problem, dict[Config, float]], best: dict[Problem, f
 
 def fixed_list_regret(dataset: ReplayDataset, problem: Problem, size: int) -> tuple[float, list[Config]]:
     others = [p for p in dataset.problems if p != problem]
-    chosen = greedy_list(regret_table(dataset, others), size)
+    records = dataset.records(problem)
+    chosen = greedy_list(regret_table(dataset, others), size,
+                         keep=lambda c: c in records and records[c].status is not Status.INVALID)
     opt = dataset.optimum_ms(problem)
     assert opt is not None
     times = [r.median_ms for c in chosen if (r := dataset.records(problem).get(c)) and r.median_ms is not None]
