@@ -21,6 +21,7 @@ GPU_BENCHMARKS = [
     ("multicast_probe.py", []), ("pad_probe.py", []), ("group_probe.py", []),
     ("sibling_gpu.py", ["--work", "sibling-work-never-made"]),
     ("arbitrate_sets.py", ["run", "bench/results/arbitrate-sets-h200-plan.json"]),
+    ("rows_gpu_campaign.py", ["--families", "softmax", "--db", "rows-never-made.db"]),
 ]
 
 

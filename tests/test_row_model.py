@@ -7,6 +7,8 @@ a recorded grid of `data/replay/`, which it names.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,18 @@ def test_on_the_recorded_h100_grids_five_percent_of_the_grid_reaches_two_percent
         optimum = dataset.optimum_ms(p)
         assert optimum is not None and min(times) <= optimum * 1.02 + 1e-12, p.label()
         assert math.isfinite(min(times))
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--families", "softmax,matmul"], "--families 'softmax,matmul'"),
+    (["--set", "h900"], "--set h900"),
+    (["--budget", "0"], "--budget 0"),
+])
+def test_the_row_gpu_campaign_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], named: str) -> None:
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "rows_gpu_campaign.py"), *args,
+                           "--db", str(tmp_path / "rows.db"), "--out", str(tmp_path / "out.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr
+    assert not list(tmp_path.iterdir())
