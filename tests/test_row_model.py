@@ -152,14 +152,17 @@ def test_on_the_recorded_h100_grids_five_percent_of_the_grid_reaches_two_percent
         assert math.isfinite(min(times))
 
 
+@pytest.mark.parametrize("script, where", [("rows_gpu_campaign.py", ["--db", "rows.db"]), ("rows_warm.py", [])])
 @pytest.mark.parametrize("args, named", [
     (["--families", "softmax,matmul"], "--families 'softmax,matmul'"),
     (["--set", "h900"], "--set h900"),
     (["--budget", "0"], "--budget 0"),
 ])
-def test_the_row_gpu_campaign_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], named: str) -> None:
-    proc = subprocess.run([sys.executable, str(REPO / "bench" / "rows_gpu_campaign.py"), *args,
-                           "--db", str(tmp_path / "rows.db"), "--out", str(tmp_path / "out.json")],
+def test_the_row_benchmarks_refuse_bad_input_in_one_line(tmp_path: Path, script: str, where: list[str],
+                                                         args: list[str], named: str) -> None:
+    paths = [str(tmp_path / w) if w.endswith(".db") else w for w in where]
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / script), *args, *paths,
+                           "--out", str(tmp_path / "out.json")],
                           cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
