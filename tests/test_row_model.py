@@ -168,3 +168,48 @@ def test_the_row_benchmarks_refuse_bad_input_in_one_line(tmp_path: Path, script:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+# ---- the store corrects the row model --------------------------------------------------------------
+def _four_warps_fast(kernel: str, p: Problem) -> dict[Config, float]:
+    """SYNTHETIC results of `p`: the row model's time, 3x faster with 4 warps."""
+    space = get_family(kernel).space()
+    out = {}
+    for c in space:
+        if space.check(c, p) is None:
+            e = estimate_rows(kernel, p, c, H100_SXM)
+            out[c] = e.predicted_ms / (3.0 if c["num_warps"] == 4 else 1.0)
+    return out
+
+
+def test_a_row_problem_of_the_store_corrects_the_model_before_any_result() -> None:
+    from tests.test_rules import History
+
+    target, near = problem(4096, 8192), problem(2048, 8192)
+    history = History({near: _four_warps_fast("softmax", near)})
+    ctx = ProposerContext("softmax", target, get_family("softmax").space(), seed=0, budget=21, history=history)
+    r = RulesProposer(ctx)
+    first = r.propose(SearchState(), 4)
+    assert all(c.config["num_warps"] == 4 for c in first)
+    assert "model ×0.3" in first[0].rationale and "rows=2048 cols=8192" in first[0].rationale
+    notes = r.drain_records().notes
+    assert any("the nearest row-wise problem the store holds" in n for n in notes)
+    cold = RulesProposer(ProposerContext("softmax", target, get_family("softmax").space(), seed=0, budget=21))
+    assert not all(c.config["num_warps"] == 4 for c in cold.propose(SearchState(), 4))
+
+
+def test_rows_that_need_two_passes_are_corrected_only_by_rows_that_do() -> None:
+    from tests.test_rules import History
+
+    long_rows, short_rows, other_long = problem(4096, 32768), problem(4096, 8192), problem(1024, 65536)
+    history = History({short_rows: _four_warps_fast("rmsnorm", short_rows)})
+    ctx = ProposerContext("rmsnorm", long_rows, get_family("rmsnorm").space(), seed=0, budget=21, history=history)
+    r = RulesProposer(ctx)
+    r.propose(SearchState(), 4)
+    assert not r.drain_records().notes and history.asked == []
+    history = History({short_rows: _four_warps_fast("rmsnorm", short_rows),
+                       other_long: _four_warps_fast("rmsnorm", other_long)})
+    ctx = ProposerContext("rmsnorm", long_rows, get_family("rmsnorm").space(), seed=0, budget=21, history=history)
+    r = RulesProposer(ctx)
+    assert all(c.config["num_warps"] == 4 for c in r.propose(SearchState(), 4))
+    assert history.asked == [other_long]

@@ -78,7 +78,9 @@ Each candidate carries `predicted_ms` and a one-line rationale: the reason from 
 a falsifiable hypothesis (the time range it expects). A row-wise kernel's space (softmax, rmsnorm,
 layernorm: BLOCK_SIZE, ROWS_PER_PROGRAM, num_warps, num_stages over rows × cols) is ranked by the row
 model (`row_model`: each program's chain of loads, the bytes streamed, the instructions issued)
-instead, without the history's correction or learnings; other spaces without tile parameters get
+instead; the history corrects it as it does the tile model, from the store's row-wise problems
+whose rows fit a block where this problem's do (or need two passes where these do), nearest by the
+log2 ratios of rows and cols; learnings do not move it. Other spaces without tile parameters get
 no model (a flat prior) and the GP alone.
 """
 
@@ -97,6 +99,7 @@ import numpy as np
 from tilepilot.agents.base import Proposer, ProposerContext, ProposerRecords, SearchState
 from tilepilot.agents.residual_gp import GpSettings, ResidualGp
 from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline, siblings
+from tilepilot.agents.row_model import DTYPE_BYTES as ROW_DTYPE_BYTES
 from tilepilot.agents.row_model import RowEstimate, describe_rows, estimate_rows, row_space
 from tilepilot.agents.rules_text import describe
 from tilepilot.agents.tile_model import (
@@ -311,7 +314,7 @@ class RulesProposer(Proposer):
         est = self.estimate(config)
         if est is None:
             row = self.row_estimate(config)
-            return 0.0 if row is None or not row.launches else math.log(row.predicted_ms)
+            return 0.0 if row is None or not row.launches else math.log(row.predicted_ms) + self._shift(config)
         return self._log_corrected(est, config) + self._learned_shift(config)[0]
 
     def _log_corrected(self, est: Estimate, config: Config) -> float:
@@ -396,12 +399,19 @@ class RulesProposer(Proposer):
             return
         self._transfer_read = True
         history, p = self.ctx.history, self.ctx.problem
-        if history is None or not self._modelled:
+        if history is None or not (self._modelled or self._rowwise):
             return
-        kernel, device, regime = self.ctx.kernel, self.ctx.device, element_wise_operands(p)
+        kernel, device = self.ctx.kernel, self.ctx.device
+        regime = element_wise_operands(p) if self._modelled else ()
         devices = [device, *(d for d in history.devices(kernel) if siblings(device, d))]
+
+        def like(q: Problem) -> bool:  # modelled alike: a GEMM whose operands load the same way, or rows
+            if self._rowwise:  # whose rows fit a block as this problem's do, or need two passes as they do
+                return row_space(set(self.ctx.space.names), q) and self._two_passes(q) == self._two_passes(p)
+            return gemm_dims(q) is not None and element_wise_operands(q) == regime
+
         alike = [(q, d) for d in devices for q in history.measured_problems(kernel, d)
-                 if gemm_dims(q) is not None and element_wise_operands(q) == regime and (q, d) != (p, device)]
+                 if like(q) and (q, d) != (p, device)]
 
         version = self.ctx.kernel_version
         other_version = {(q, on): bool(version) and version not in history.kernel_versions(kernel, on, q)
@@ -412,6 +422,8 @@ class RulesProposer(Proposer):
             return _source_distance(p, device, q, on), other_version[source], on != device, q.key(), on
 
         loads = ", ".join(regime) + " element by element" if regime else "vectorised operands"
+        nearest = "the nearest row-wise problem the store holds" if self._rowwise else (
+            f"the nearest problem the store holds with {loads}")
         parts: list[str] = []
         for q, on in sorted(alike, key=rank):
             xs: list[tuple[float, ...]] = []
@@ -419,13 +431,13 @@ class RulesProposer(Proposer):
             measured = history.measured(kernel, on, q)
             stride = math.ceil(len(measured) / TRANSFER_MAX_RESULTS) if measured else 1
             for config, ms in sorted(measured, key=lambda m: m[0].key())[::stride]:
-                x, tile = self._coords(config), tile_of(config)
-                if x is None or tile is None or not ms > 0:
+                x = self._coords(config)
+                if x is None or not ms > 0:
                     continue
-                est = estimate_tile(q, tile, self.device, self.constants)
-                if est.launches and math.isfinite(est.predicted_ms):
+                modelled = self._source_ms(q, config)
+                if modelled is not None:
                     xs.append(x)
-                    ys.append(math.log(ms) - math.log(est.predicted_ms))
+                    ys.append(math.log(ms) - math.log(modelled))
             if len(ys) < TRANSFER_MIN_RESULTS:
                 continue
             middle = float(np.median(ys))
@@ -440,7 +452,7 @@ class RulesProposer(Proposer):
             if q == p:
                 part = f"its own {len(ys)} earlier results{where}"  # on a sibling device
             elif not parts:
-                part = f"{len(ys)} results of {q.label()}{where}, the nearest problem the store holds with {loads}"
+                part = f"{len(ys)} results of {q.label()}{where}, {nearest}"
             else:
                 part = f"{len(ys)} of {q.label()}{where}"
             if other_version[(q, on)]:
@@ -453,6 +465,22 @@ class RulesProposer(Proposer):
             rest = ", ".join(parts[1:-1]) + (" and " if len(parts) > 2 else "") + parts[-1] if len(parts) > 1 else ""
             self._notes.append(f"rules: the tile model for {p.label()} corrected by {parts[0]}"
                                + (f", and by {rest}" if rest else "") + mean)
+
+    def _two_passes(self, q: Problem) -> bool:
+        """Whether a row-wise problem's rows are longer than the space's largest block (two passes only)."""
+        blocks = [int(c) for c in self.ctx.space.param("BLOCK_SIZE").choices]  # type: ignore[call-overload]
+        return int(q["cols"]) > max(blocks)
+
+    def _source_ms(self, q: Problem, config: Config) -> float | None:
+        """The model's time of a config on a problem of the store (None where it cannot launch)."""
+        if self._rowwise:
+            row = estimate_rows(self.ctx.kernel, q, config, self.device)
+            return row.predicted_ms if row.launches and math.isfinite(row.predicted_ms) else None
+        tile = tile_of(config)
+        if tile is None:
+            return None
+        est = estimate_tile(q, tile, self.device, self.constants)
+        return est.predicted_ms if est.launches and math.isfinite(est.predicted_ms) else None
 
     def _source_label(self) -> str:
         """The problems the history's correction comes from, with the sibling device each ran on if any."""
@@ -521,8 +549,9 @@ class RulesProposer(Proposer):
                             e = self._estimate_tile(tile and dataclasses.replace(tile, wraps_rows=wraps))
                             keys_of[wraps] = (0.0 if e is None else math.log(e.predicted_ms)), e
                         key, e = keys_of[wraps]
-                        if e is None and self._rowwise:
-                            key = self._log_model(config)
+                        row = self.row_estimate(config) if e is None else None
+                        if row is not None and row.launches:
+                            key = math.log(row.predicted_ms)  # the history's correction comes with _shift_all
                         found.append((key + self._penalty_of(config, e), base + offset, config,
                                       _tuple(in_order(tile_steps + rest_steps))))
             if skipped:
@@ -722,7 +751,7 @@ class RulesProposer(Proposer):
             reason = "no tile model for this space"
         else:
             reason = describe(est, self.roofline, self.device) + self._device_note
-        if self._sources and est is not None and abs(shift := self._shift(config)) >= 0.01:
+        if self._sources and (est is not None or row is not None) and abs(shift := self._shift(config)) >= 0.01:
             reason += f"; model ×{math.exp(shift):.2f} by the results of {self._source_label()}"
         learned, by = self._learned_shift(config) if est is not None else (0.0, "")
         if learned >= 0.01:
@@ -821,11 +850,17 @@ def _predict(gp: ResidualGp, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _shape_distance(a: Problem, b: Problem) -> float:
     """Distance of two GEMM problems in log-shape space: log2 ratios of M, N and K, and 1 where the
     element sizes differ (warm start's `distance` counts a differing dtype instead: bf16 and fp16
-    are one to the tile model)."""
+    are one to the tile model); of two row-wise problems, likewise over rows and cols."""
     da, db = gemm_dims(a), gemm_dims(b)
-    assert da is not None and db is not None
-    d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:3], db[:3], strict=True))
-    return math.sqrt(d2 + (da[3] != db[3]))
+    if da is None or db is None:
+        da, db = _row_dims(a), _row_dims(b)
+    d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:-1], db[:-1], strict=True))
+    return math.sqrt(d2 + (da[-1] != db[-1]))
+
+
+def _row_dims(p: Problem) -> tuple[int, int, int]:
+    """rows, cols and the element size of a row-wise problem."""
+    return int(p["rows"]), int(p["cols"]), ROW_DTYPE_BYTES[str(p["dtype"])]
 
 
 def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
