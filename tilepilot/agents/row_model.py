@@ -23,8 +23,8 @@ gathers the statistics and a second reads them again and writes. What the model 
 
 The constants are physical quantities of the right order (`RowConstants`), set by hand, not
 fitted, while the model was written against the recorded H100 grids of the three families
-(`data/replay/{softmax,rmsnorm,layernorm}-h100.jsonl.gz`); the `rules` proposer's GP corrects the
-model with the problem's own results.
+(`data/replay/{softmax,rmsnorm,layernorm}-h100.jsonl.gz`); the `rules` proposer corrects the model
+with the results of nearby problems the store holds and with the problem's own.
 No torch, no triton here.
 """
 
@@ -68,7 +68,7 @@ class RowEstimate:
     waves: int
     latency_us: float  # bound (1): a program's chain of loads and values, wave after wave
     stream_us: float  # bound (2): bytes at the DRAM and L2 ceilings
-    issue_us: float  # bound (3): instructions at the SMs' lanes
+    issue_us: float  # bound (3): warp instructions at the SMs' schedulers
     predicted_ms: float
     limit: str  # latency | stream | issue | resources
 

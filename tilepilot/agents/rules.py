@@ -463,7 +463,8 @@ class RulesProposer(Proposer):
         if parts:
             mean = "" if len(parts) == 1 else " (the mean of their corrections, weighed by 1/distance²)"
             rest = ", ".join(parts[1:-1]) + (" and " if len(parts) > 2 else "") + parts[-1] if len(parts) > 1 else ""
-            self._notes.append(f"rules: the tile model for {p.label()} corrected by {parts[0]}"
+            model = "row model" if self._rowwise else "tile model"
+            self._notes.append(f"rules: the {model} for {p.label()} corrected by {parts[0]}"
                                + (f", and by {rest}" if rest else "") + mean)
 
     def _two_passes(self, q: Problem) -> bool:
@@ -550,8 +551,8 @@ class RulesProposer(Proposer):
                             keys_of[wraps] = (0.0 if e is None else math.log(e.predicted_ms)), e
                         key, e = keys_of[wraps]
                         row = self.row_estimate(config) if e is None else None
-                        if row is not None and row.launches:
-                            key = math.log(row.predicted_ms)  # the history's correction comes with _shift_all
+                        if row is not None:  # the history's correction comes with _shift_all
+                            key = math.log(row.predicted_ms) if row.launches else OUT_OF_RESOURCES_PENALTY
                         found.append((key + self._penalty_of(config, e), base + offset, config,
                                       _tuple(in_order(tile_steps + rest_steps))))
             if skipped:
@@ -851,9 +852,8 @@ def _shape_distance(a: Problem, b: Problem) -> float:
     """Distance of two GEMM problems in log-shape space: log2 ratios of M, N and K, and 1 where the
     element sizes differ (warm start's `distance` counts a differing dtype instead: bf16 and fp16
     are one to the tile model); of two row-wise problems, likewise over rows and cols."""
-    da, db = gemm_dims(a), gemm_dims(b)
-    if da is None or db is None:
-        da, db = _row_dims(a), _row_dims(b)
+    ga, gb = gemm_dims(a), gemm_dims(b)
+    da, db = (ga, gb) if ga is not None and gb is not None else (_row_dims(a), _row_dims(b))
     d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:-1], db[:-1], strict=True))
     return math.sqrt(d2 + (da[-1] != db[-1]))
 
