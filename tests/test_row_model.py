@@ -21,7 +21,7 @@ from tilepilot.agents.row_model import RowConstants, estimate_rows, row_space
 from tilepilot.agents.rules import RulesProposer
 from tilepilot.experiments import Config, Param, Problem, Result, SearchSpace, Status, Timing
 from tilepilot.kernels import get_family
-from tilepilot.kernels.rowwise import next_power_of_2
+from tilepilot.kernels.rowwise import PARAMS, next_power_of_2
 from tilepilot.orchestrator.replay import load_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +51,12 @@ def test_only_a_row_wise_space_and_problem_are_modelled() -> None:
     assert not row_space(set(softmax.space().names), Problem.of({"M": 8, "N": 8, "K": 8, "dtype": "bf16"}))
     toy = SearchSpace((Param("BLOCK_SIZE", (256, 512)), Param("num_warps", (4, 8))))
     assert not row_space(set(toy.names), problem(8, 1024))
+    # a user's row-wise family with an element size the model does not know: no model, no error
+    names = set(softmax.space().names)
+    assert not row_space(names, problem(8, 1024, "fp8"))
+    own = SearchSpace(PARAMS)  # the row-wise parameters without softmax's constraints
+    fp8 = RulesProposer(ProposerContext("my_rows", problem(8, 1024, "fp8"), own, seed=0, budget=8))
+    assert all("no tile model" in c.rationale for c in fp8.propose(SearchState(), 2))
 
 
 @pytest.mark.parametrize("kernel", ["softmax", "rmsnorm", "layernorm"])

@@ -78,8 +78,13 @@ class RowEstimate:
 
 
 def row_space(names: frozenset[str] | set[str], problem: Problem) -> bool:
-    """Whether a space (its parameter names) and a problem are a row-wise kernel's."""
-    return ROW_PARAMS <= set(names) and ROW_KEYS <= set(problem.keys())
+    """Whether a space (its parameter names) and a problem are a row-wise kernel's the model reads:
+    positive int rows and cols, and an element size it knows."""
+    if not (ROW_PARAMS <= set(names) and ROW_KEYS <= set(problem.keys())):
+        return False
+    sizes = [problem["rows"], problem["cols"]]
+    return (all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in sizes)
+            and str(problem["dtype"]) in DTYPE_BYTES)
 
 
 def estimate_rows(kernel: str, problem: Problem, config: Config, device: Device,
