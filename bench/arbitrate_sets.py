@@ -88,6 +88,8 @@ def plan(datasets: list[str], budget: int) -> dict[str, Any]:
 
 
 def run(plan_path: Path, out: Path, repeats: int) -> dict[str, Any]:
+    from bench_env import retimed_ratios
+
     from tilepilot.kernels.evaluate import Evaluator
 
     try:
@@ -112,11 +114,7 @@ def run(plan_path: Path, out: Path, repeats: int) -> dict[str, Any]:
             continue
         problem = family.parse_problem(row["problem"])
         pick, optimum = Config.of(row["pick"]), Config.of(row["optimum"])
-        ratios = []
-        for _ in range(repeats):
-            a, b = ev.remeasure(KERNEL, problem, [pick, optimum])
-            if a.median_ms and b.median_ms:
-                ratios.append(a.median_ms / b.median_ms)
+        ratios = retimed_ratios(ev, KERNEL, problem, pick, optimum, repeats)
         row["retimed_ratios"] = [round(x, 5) for x in ratios]
         row["regret_retimed"] = round(statistics.median(ratios) - 1.0, 5) if ratios else None
         print(f"{row['label']}: recorded {100 * row['regret_recorded']:.1f}%, re-timed "

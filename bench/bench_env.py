@@ -1,7 +1,8 @@
 """What a CPU-side benchmark record says about where it ran: the machine (CPU model, cores,
 platform, Python, load and niceness at the start) and the commit of the code it measured;
 `run_main`, which every benchmark's `main` runs under (a bad input: one line, exit code 2); and
-`campaign_toml`, the campaign file the benchmarks that run `tilepilot tune` write."""
+`campaign_toml`, the campaign file the benchmarks that run `tilepilot tune` write; `retimed_ratios`,
+two configs timed again side by side on the GPU."""
 
 from __future__ import annotations
 
@@ -67,3 +68,14 @@ def campaign_toml(name: str, kernel: str, proposer: str, budget: int, *, seed: i
         for row in rows:
             lines += ["", f"[[{table}]]", *(f"{k} = {json.dumps(v)}" for k, v in row.items())]
     return "\n".join(lines) + "\n"
+
+
+def retimed_ratios(ev: Any, kernel: str, problem: Any, a: Any, b: Any, repeats: int) -> list[float]:
+    """Configs `a` and `b` of `problem` timed together, interleaved (`Evaluator.remeasure` of the GPU
+    evaluator `ev`), `repeats` times: the ratio of a's median to b's in each where both gave one."""
+    ratios = []
+    for _ in range(repeats):
+        ta, tb = ev.remeasure(kernel, problem, [a, b])
+        if ta.median_ms and tb.median_ms:
+            ratios.append(ta.median_ms / tb.median_ms)
+    return ratios

@@ -129,6 +129,8 @@ def arbitrate(result_path: Path, dataset: ReplayDataset, out: Path) -> None:
     """Re-time each problem's winner beside the recorded optimum (see the module docstring)."""
     import statistics
 
+    from bench_env import retimed_ratios
+
     from tilepilot.kernels.evaluate import Evaluator
 
     report = json.loads(result_path.read_text())
@@ -143,11 +145,7 @@ def arbitrate(result_path: Path, dataset: ReplayDataset, out: Path) -> None:
         if winner == optimum:
             row["regret_remeasured"], row["remeasured_ratios"] = 0.0, []
             continue
-        ratios = []
-        for _ in range(3):
-            a, b = ev.remeasure("matmul", problem, [winner, optimum])
-            if a.median_ms and b.median_ms:
-                ratios.append(a.median_ms / b.median_ms)
+        ratios = retimed_ratios(ev, "matmul", problem, winner, optimum, 3)
         row["recorded_optimum"] = optimum.as_dict()
         row["remeasured_ratios"] = [round(x, 5) for x in ratios]
         row["regret_remeasured"] = round(statistics.median(ratios) - 1, 5) if ratios else None

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_env import campaign_toml, run_main  # noqa: E402
+from bench_env import campaign_toml, retimed_ratios, run_main  # noqa: E402
 from gpu_campaign import run_campaign  # noqa: E402
 
 from tilepilot.experiments import BackendUnavailable, InputError  # noqa: E402
@@ -47,6 +47,24 @@ def grid_path(family: str, name: str) -> Path:
     if not path.is_file():
         raise InputError(f"--set {name}: no recorded grid {path.relative_to(ROOT)} for {family}")
     return path
+
+
+def row_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options this script shares with bench/rows_warm.py: the grids, the families, the campaigns."""
+    ap.add_argument("--set", default="h200-fresh", help="grids data/replay/FAMILY-SET.jsonl.gz (default h200-fresh)")
+    ap.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    ap.add_argument("--proposer", default="portfolio")
+    ap.add_argument("--budget", type=int, default=8, help="distinct configs a problem (default 8)")
+
+
+def row_grids(args: argparse.Namespace) -> dict[str, Path]:
+    """Each family asked for and its recorded grid; InputError, in a line, for a bad value."""
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    if not families or any(f not in FAMILIES for f in families):
+        raise InputError(f"--families {args.families!r}: each must be one of {', '.join(FAMILIES)}")
+    if args.budget < 1:
+        raise InputError(f"--budget {args.budget}: a positive number of configs")
+    return {f: grid_path(f, args.set) for f in families}
 
 
 def retime(family: str, dataset: ReplayDataset, rows: list[dict[str, Any]]) -> None:
@@ -65,11 +83,7 @@ def retime(family: str, dataset: ReplayDataset, rows: list[dict[str, Any]]) -> N
         if winner == optimum:
             row["remeasured_ratios"], row["regret_remeasured"] = [], 0.0
             continue
-        ratios = []
-        for _ in range(REPEATS):
-            a, b = ev.remeasure(family, problem, [winner, optimum])
-            if a.median_ms and b.median_ms:
-                ratios.append(a.median_ms / b.median_ms)
+        ratios = retimed_ratios(ev, family, problem, winner, optimum, REPEATS)
         row["remeasured_ratios"] = [round(x, 5) for x in ratios]
         row["regret_remeasured"] = round(statistics.median(ratios) - 1, 5) if ratios else None
         print(f"{family} {problem.label()}: winner / recorded optimum re-measured {row['remeasured_ratios']}",
@@ -89,23 +103,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", default="h200-fresh", help="grids data/replay/FAMILY-SET.jsonl.gz (default h200-fresh)")
-    ap.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
-    ap.add_argument("--proposer", default="portfolio")
-    ap.add_argument("--budget", type=int, default=8, help="distinct configs a problem (default 8)")
+    row_arguments(ap)
     ap.add_argument("--db", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
-    unknown = [f for f in families if f not in FAMILIES]
-    if unknown or not families:
-        raise InputError(f"--families {args.families!r}: each must be one of {', '.join(FAMILIES)}")
-    if args.budget < 1:
-        raise InputError(f"--budget {args.budget}: a positive number of configs")
+    grids = row_grids(args)
     for where in (Path(args.db).parent, Path(args.out).parent):
         if not where.is_dir():
             raise InputError(f"folder {where} does not exist")
-    datasets = {f: load_dataset(grid_path(f, args.set), get_family(f)) for f in families}
+    datasets = {f: load_dataset(path, get_family(f)) for f, path in grids.items()}
     import torch
 
     if not torch.cuda.is_available():

@@ -15,7 +15,6 @@ import argparse
 import datetime as dt
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,43 +25,25 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_env import campaign_toml, run_main  # noqa: E402
+from campaign_replay import tune  # noqa: E402
+from rows_gpu_campaign import row_arguments, row_grids  # noqa: E402
 
 from tilepilot.experiments import InputError  # noqa: E402
 from tilepilot.kernels.registry import get_family  # noqa: E402
 from tilepilot.orchestrator.replay import load_dataset  # noqa: E402
 from tilepilot.storage.queries import best, open_db  # noqa: E402
 
-FAMILIES = ("softmax", "rmsnorm", "layernorm")
 TOLERANCE = 0.02
-
-
-def tune(toml: Path, dataset: Path, db: Path, *flags: str) -> None:
-    cmd = [sys.executable, "-m", "tilepilot", "tune", str(toml), "--backend", "replay", "--dataset", str(dataset),
-           "--db", str(db), *flags]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"tune exited with {done.returncode}: {done.stderr.strip()[-500:]}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--set", default="h200-fresh", help="grids data/replay/FAMILY-SET.jsonl.gz (default h200-fresh)")
-    ap.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
-    ap.add_argument("--proposer", default="portfolio")
-    ap.add_argument("--budget", type=int, default=8, help="distinct configs a problem (default 8)")
+    row_arguments(ap)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    families = [f.strip() for f in args.families.split(",") if f.strip()]
-    if not families or any(f not in FAMILIES for f in families):
-        raise InputError(f"--families {args.families!r}: each must be one of {', '.join(FAMILIES)}")
-    if args.budget < 1:
-        raise InputError(f"--budget {args.budget}: a positive number of configs")
+    paths = row_grids(args)
     if not Path(args.out).parent.is_dir():
         raise InputError(f"folder {Path(args.out).parent} does not exist")
-    paths = {f: ROOT / "data" / "replay" / f"{f}-{args.set}.jsonl.gz" for f in families}
-    missing = [str(p.relative_to(ROOT)) for p in paths.values() if not p.is_file()]
-    if missing:
-        raise InputError(f"--set {args.set}: no recorded grid {missing[0]}")
     t0 = time.monotonic()
     report: dict[str, object] = {
         "what": f"warm against cold: per problem of each {args.set} grid, a store of a cold {args.proposer} campaign "
@@ -81,7 +62,7 @@ def main() -> int:
                 toml = Path(tmp) / "store.toml"
                 others = [q.as_dict() for q in dataset.problems if q != p]
                 toml.write_text(campaign_toml("store", family, args.proposer, args.budget, problems=others))
-                tune(toml, path, db, "--cold")
+                tune(toml, str(path), db, "--cold")
                 regret = {}
                 for arm, flags in (("warm", ()), ("cold", ("--cold",))):
                     # each arm in its own copy of the store: a campaign reuses the results of P it finds
@@ -90,7 +71,7 @@ def main() -> int:
                     shutil.copyfile(db, arm_db)
                     toml = Path(tmp) / f"{arm}.toml"
                     toml.write_text(campaign_toml(arm, family, args.proposer, args.budget, problems=[p.as_dict()]))
-                    tune(toml, path, arm_db, *flags)
+                    tune(toml, str(path), arm_db, *flags)
                     with open_db(str(arm_db)) as conn:
                         regret[arm] = round(best(conn, campaign=arm)[0].median_ms / optimum - 1, 5)
             rows[p.label()] = regret
