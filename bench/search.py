@@ -327,7 +327,7 @@ def fixed_list_regret(dataset: ReplayDataset, problem: Problem, size: int) -> tu
                          keep=lambda c: c in records and records[c].status is not Status.INVALID)
     opt = dataset.optimum_ms(problem)
     assert opt is not None
-    times = [r.median_ms for c in chosen if (r := dataset.records(problem).get(c)) and r.median_ms is not None]
+    times = [r.median_ms for c in chosen if (r := records.get(c)) and r.median_ms is not None]
     return (min(times) / opt - 1.0 if times else math.inf), chosen
 
 
