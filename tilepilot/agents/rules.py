@@ -93,15 +93,15 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from tilepilot.agents.base import Proposer, ProposerContext, ProposerRecords, SearchState
 from tilepilot.agents.residual_gp import GpSettings, ResidualGp
 from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline, siblings
-from tilepilot.agents.row_model import DTYPE_BYTES as ROW_DTYPE_BYTES
-from tilepilot.agents.row_model import RowEstimate, describe_rows, estimate_rows, row_space
 from tilepilot.agents.rules_text import describe
+from tilepilot.agents.space_models import SpaceModel, space_model
 from tilepilot.agents.tile_model import (
     ALIASES,
     ROWS_MASKED_VARIANTS,
@@ -163,9 +163,11 @@ class RulesProposer(Proposer):
         self._pool: _Pool | None = None  # valid configs the model lets launch, in prior order
         self._est: dict[Tile, Estimate] = {}  # the tile model's estimate of each tile seen
         self._modelled = gemm_dims(ctx.problem) is not None
-        # a row-wise kernel's space (softmax, rmsnorm, layernorm): the row model ranks it instead
-        self._rowwise = not self._modelled and row_space(set(ctx.space.names), ctx.problem)
-        self._row_est: dict[tuple[object, ...], RowEstimate] = {}
+        # a row-wise kernel's space (softmax, rmsnorm, layernorm) or flash attention's: its own model
+        # (`space_models`) ranks it instead
+        self._space_model: SpaceModel | None = None if self._modelled else space_model(
+            ctx.kernel, ctx.space, ctx.problem, device)
+        self._space_est: dict[tuple[object, ...], Any] = {}
         # each parameter's choices -> position (a value matches a choice of its own type only)
         self._positions = [(p.name, {(type(c), c): i for i, c in enumerate(p.choices)}) for p in ctx.space.params]
         inert = _inert(ctx.problem, ctx.space)
@@ -221,7 +223,7 @@ class RulesProposer(Proposer):
             picked.add(config)
             alive = self._unknown(pool, alive, picked)  # nor an inert sibling of it in this batch
             predicted = math.exp(self._log_model(config) + mean)
-            known = self.estimate(config) is not None or self.row_estimate(config) is not None or measured > 0
+            known = self.estimate(config) is not None or self.space_estimate(config) is not None or measured > 0
             why = self._why(config, predicted, std, best, measured)
             if local is not None and best is not None:
                 why = f"local step from the best so far ({best.config.label()}); {why}"
@@ -255,11 +257,11 @@ class RulesProposer(Proposer):
         out: list[tuple[float | None, str]] = [(None, "")] * len(configs)
         for i, mean in zip(inside, means, strict=True):
             config = configs[i]
-            modelled = self.estimate(config) is not None or self.row_estimate(config) is not None
+            modelled = self.estimate(config) is not None or self.space_estimate(config) is not None
             if not modelled and not xs:
                 continue  # no model and nothing measured: no prediction
             predicted = math.exp(self._log_model(config) + float(mean))
-            model = "tile model" if self.estimate(config) is not None else "row model"
+            model = self._model_name()
             basis = (model if modelled else "measured neighbours") + (
                 f" with the results of {self._source_label()}" if self._sources else "") + (
                 f" corrected by {len(xs)} result{'s' if len(xs) != 1 else ''}" if xs else ", nothing measured yet")
@@ -274,7 +276,7 @@ class RulesProposer(Proposer):
         """The corrected prediction of the pool's first config (the model's, the history's and the
         failures' ranking; the GP's correction once results arrive is not in it)."""
         pool = self._pool_of()
-        if not (self._modelled or self._rowwise) or not len(pool.configs):
+        if not (self._modelled or self._space_model) or not len(pool.configs):
             return None
         return math.exp(float(pool.prior[0]))
 
@@ -300,21 +302,26 @@ class RulesProposer(Proposer):
         """The model's time before any measurement (1.0 in a space without a tile model)."""
         return math.exp(self._log_model(config))
 
-    def row_estimate(self, config: Config) -> RowEstimate | None:
-        """The row model's estimate of a config, None outside a row-wise kernel's space."""
-        if not self._rowwise:
+    def space_estimate(self, config: Config) -> Any:
+        """The space model's estimate of a config (a `RowEstimate`, an `AttentionEstimate`), None in a
+        space no such model reads."""
+        model = self._space_model
+        if model is None:
             return None
-        key = tuple(config.get(name) for name in ("BLOCK_SIZE", "ROWS_PER_PROGRAM", "num_warps", "num_stages"))
-        est = self._row_est.get(key)
+        key = model.key(config)
+        est = self._space_est.get(key)
         if est is None:
-            est = self._row_est[key] = estimate_rows(self.ctx.kernel, self.ctx.problem, config, self.device)
+            est = self._space_est[key] = model.estimate(self.ctx.problem, config)
         return est
+
+    def _model_name(self) -> str:
+        return self._space_model.name if self._space_model is not None else "tile model"
 
     def _log_model(self, config: Config) -> float:
         est = self.estimate(config)
         if est is None:
-            row = self.row_estimate(config)
-            return 0.0 if row is None or not row.launches else math.log(row.predicted_ms) + self._shift(config)
+            other = self.space_estimate(config)
+            return 0.0 if other is None or not other.launches else math.log(other.predicted_ms) + self._shift(config)
         return self._log_corrected(est, config) + self._learned_shift(config)[0]
 
     def _log_corrected(self, est: Estimate, config: Config) -> float:
@@ -399,15 +406,16 @@ class RulesProposer(Proposer):
             return
         self._transfer_read = True
         history, p = self.ctx.history, self.ctx.problem
-        if history is None or not (self._modelled or self._rowwise):
+        model = self._space_model
+        if history is None or not (self._modelled or model):
             return
         kernel, device = self.ctx.kernel, self.ctx.device
         regime = element_wise_operands(p) if self._modelled else ()
         devices = [device, *(d for d in history.devices(kernel) if siblings(device, d))]
 
-        def like(q: Problem) -> bool:  # modelled alike: a GEMM whose operands load the same way, or rows
-            if self._rowwise:  # whose rows fit a block as this problem's do, or need two passes as they do
-                return row_space(set(self.ctx.space.names), q) and self._two_passes(q) == self._two_passes(p)
+        def like(q: Problem) -> bool:  # modelled alike: a GEMM whose operands load the same way, or what
+            if model is not None:  # the space's model says (`space_models`)
+                return model.alike(p, q)
             return gemm_dims(q) is not None and element_wise_operands(q) == regime
 
         alike = [(q, d) for d in devices for q in history.measured_problems(kernel, d)
@@ -419,10 +427,10 @@ class RulesProposer(Proposer):
 
         def rank(source: tuple[Problem, str]) -> tuple[float, bool, bool, str, str]:
             q, on = source  # nearest first; at equal distance this kernel version's, this device's, then by key
-            return _source_distance(p, device, q, on), other_version[source], on != device, q.key(), on
+            return _source_distance(p, device, q, on, model), other_version[source], on != device, q.key(), on
 
         loads = ", ".join(regime) + " element by element" if regime else "vectorised operands"
-        nearest = "the nearest row-wise problem the store holds" if self._rowwise else (
+        nearest = f"the nearest {model.problems} the store holds" if model is not None else (
             f"the nearest problem the store holds with {loads}")
         parts: list[str] = []
         for q, on in sorted(alike, key=rank):
@@ -446,7 +454,7 @@ class RulesProposer(Proposer):
                                        noise_var=TRANSFER_NOISE_VAR))
             gp.fit(xs, [y - middle for y in ys])
             self._transfers.append(gp)
-            self._weights.append(_source_weight(_source_distance(p, device, q, on)))
+            self._weights.append(_source_weight(_source_distance(p, device, q, on, model)))
             self._sources.append((q, len(ys), "" if on == device else on))
             where = "" if on == device else f" on the {on}"
             if q == p:
@@ -463,20 +471,14 @@ class RulesProposer(Proposer):
         if parts:
             mean = "" if len(parts) == 1 else " (the mean of their corrections, weighed by 1/distance²)"
             rest = ", ".join(parts[1:-1]) + (" and " if len(parts) > 2 else "") + parts[-1] if len(parts) > 1 else ""
-            model = "row model" if self._rowwise else "tile model"
-            self._notes.append(f"rules: the {model} for {p.label()} corrected by {parts[0]}"
+            self._notes.append(f"rules: the {self._model_name()} for {p.label()} corrected by {parts[0]}"
                                + (f", and by {rest}" if rest else "") + mean)
-
-    def _two_passes(self, q: Problem) -> bool:
-        """Whether a row-wise problem's rows are longer than the space's largest block (two passes only)."""
-        blocks = [int(c) for c in self.ctx.space.param("BLOCK_SIZE").choices]  # type: ignore[call-overload]
-        return int(q["cols"]) > max(blocks)
 
     def _source_ms(self, q: Problem, config: Config) -> float | None:
         """The model's time of a config on a problem of the store (None where it cannot launch)."""
-        if self._rowwise:
-            row = estimate_rows(self.ctx.kernel, q, config, self.device)
-            return row.predicted_ms if row.launches and math.isfinite(row.predicted_ms) else None
+        if self._space_model is not None:
+            other = self._space_model.estimate(q, config)
+            return other.predicted_ms if other.launches and math.isfinite(other.predicted_ms) else None
         tile = tile_of(config)
         if tile is None:
             return None
@@ -550,9 +552,9 @@ class RulesProposer(Proposer):
                             e = self._estimate_tile(tile and dataclasses.replace(tile, wraps_rows=wraps))
                             keys_of[wraps] = (0.0 if e is None else math.log(e.predicted_ms)), e
                         key, e = keys_of[wraps]
-                        row = self.row_estimate(config) if e is None else None
-                        if row is not None:  # the history's correction comes with _shift_all
-                            key = math.log(row.predicted_ms) if row.launches else OUT_OF_RESOURCES_PENALTY
+                        other = self.space_estimate(config) if e is None else None
+                        if other is not None:  # the history's correction comes with _shift_all
+                            key = math.log(other.predicted_ms) if other.launches else OUT_OF_RESOURCES_PENALTY
                         found.append((key + self._penalty_of(config, e), base + offset, config,
                                       _tuple(in_order(tile_steps + rest_steps))))
             if skipped:
@@ -745,14 +747,15 @@ class RulesProposer(Proposer):
 
     # ---- explaining ----------------------------------------------------------------
     def _why(self, config: Config, predicted: float, std: float, best: Result | None, measured: int) -> str:
-        est, row = self.estimate(config), self.row_estimate(config)
-        if row is not None:
-            reason = describe_rows(row, config) + self._device_note
+        est, other = self.estimate(config), self.space_estimate(config)
+        if other is not None:
+            assert self._space_model is not None
+            reason = self._space_model.describe(other, config) + self._device_note
         elif est is None:
             reason = "no tile model for this space"
         else:
             reason = describe(est, self.roofline, self.device) + self._device_note
-        if self._sources and (est is not None or row is not None) and abs(shift := self._shift(config)) >= 0.01:
+        if self._sources and (est is not None or other is not None) and abs(shift := self._shift(config)) >= 0.01:
             reason += f"; model ×{math.exp(shift):.2f} by the results of {self._source_label()}"
         learned, by = self._learned_shift(config) if est is not None else (0.0, "")
         if learned >= 0.01:
@@ -763,7 +766,7 @@ class RulesProposer(Proposer):
             prior = self.prior_ms(config)  # 1.0 without a model
             reason += f"; model ×{predicted / prior:.2f} after {measured} measured"
         lo, hi = predicted * math.exp(-2 * std), predicted * math.exp(2 * std)
-        if est is None and row is None and not measured:
+        if est is None and other is None and not measured:
             return f"{reason}; no prediction yet, taken in space order"
         claim = f"hypothesis: {lo:.3g}-{hi:.3g} ms"
         if best is not None and best.median_ms is not None:
@@ -848,25 +851,25 @@ def _predict(gp: ResidualGp, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([m for m, _ in parts]), np.concatenate([s for _, s in parts])
 
 
-def _shape_distance(a: Problem, b: Problem) -> float:
+def _shape_distance(a: Problem, b: Problem, model: SpaceModel | None = None) -> float:
     """Distance of two GEMM problems in log-shape space: log2 ratios of M, N and K, and 1 where the
     element sizes differ (warm start's `distance` counts a differing dtype instead: bf16 and fp16
-    are one to the tile model); of two row-wise problems, likewise over rows and cols."""
+    are one to the tile model); of two problems a space model reads, likewise over its `dims`
+    (rows and cols; heads, S and D)."""
     ga, gb = gemm_dims(a), gemm_dims(b)
-    da, db = (ga, gb) if ga is not None and gb is not None else (_row_dims(a), _row_dims(b))
+    if ga is not None and gb is not None:
+        da, db = tuple(ga), tuple(gb)
+    else:
+        assert model is not None, "problems without a GEMM's dims need the space model's"
+        da, db = model.dims(a), model.dims(b)
     d2 = sum((math.log2(x) - math.log2(y)) ** 2 for x, y in zip(da[:-1], db[:-1], strict=True))
     return math.sqrt(d2 + (da[-1] != db[-1]))
 
 
-def _row_dims(p: Problem) -> tuple[int, int, int]:
-    """rows, cols and the element size of a row-wise problem."""
-    return int(p["rows"]), int(p["cols"]), ROW_DTYPE_BYTES[str(p["dtype"])]
-
-
-def _source_distance(p: Problem, device: str, q: Problem, on: str) -> float:
+def _source_distance(p: Problem, device: str, q: Problem, on: str, model: SpaceModel | None = None) -> float:
     """How far the results of `q` measured on `on` stand from `p` on `device`: their shape distance,
     and 1 more (in quadrature, as a differing element size) where the device is a sibling."""
-    d = _shape_distance(p, q)
+    d = _shape_distance(p, q, model)
     return d if on == device else math.sqrt(d * d + 1.0)
 
 
