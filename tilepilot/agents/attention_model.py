@@ -4,16 +4,18 @@ resources, the key loop's step and a predicted time, for the `rules` proposer.
 A program holds BLOCK_M queries and walks the keys BLOCK_N at a time; each step multiplies its
 queries by a K tile (tensor cores), takes the softmax's exponentials and sums of the scores
 (the special-function and fp32 units), rescales its accumulator and adds P·V (tensor cores). Its
-num_warps/4 warpgroups split the queries; below 64 queries a warpgroup (one Hopper MMA's rows)
-they split the keys instead and exchange the scores through shared memory every step. What the
-model estimates:
+num_warps/4 warpgroups split the queries and work side by side; below 64 queries a warpgroup (one
+Hopper MMA's rows) they split the keys instead, exchange the scores through shared memory every
+step and wait on each other (no faster in sequence than one warpgroup). What the model estimates:
 
 - resources: shared memory (num_stages K and V tiles and the Q tile, as `attention.shared_bytes`)
   and registers (the fp32 accumulator and scores and the 16-bit probabilities of each thread, as
   `attention.tile_registers`, and what the compiler adds: about half as many again, seen on the
   recorded sm_90 compiles) against the SM's limits give the programs resident on an SM;
 - a step's work on the SM's pipes: tensor-core cycles of both products (at half the datasheet's
-  rate, as Triton's kernel reaches on the recorded grid), exponentials at the special-function
+  rate, as Triton's kernel reaches on the recorded grid; where their operands take longer to
+  stream from shared memory, that: Q and the K tile, which every warpgroup reads whole, for the
+  first, the V tile for the second, which takes P from registers), exponentials at the special-function
   units, the fp32 work of the scores and of each query row (rescaling its accumulator, its
   reductions), and the shared-memory exchange above; registers past 70% of the 255 a thread can
   have slow the fp32 work (the compiler's juggling, spills beyond);
@@ -52,7 +54,8 @@ BARRIER_BYTES = 1024  # the tma variant's copy barriers (`attention.TMA_BARRIER_
 
 @dataclass(frozen=True)
 class AttentionConstants:
-    mma_flop_per_clock: float = 2048.0  # dense 16-bit FLOP per SM-cycle (datasheet 4096; half reached)
+    mma_flop_per_clock: float = 4096.0  # dense 16-bit FLOP per SM-cycle (the datasheet's 989 TFLOP/s)
+    mma_efficiency: float = 0.5  # of that, what Triton's kernel reaches on the recorded H100 grid
     exp_per_clock: float = 16.0  # exponentials per SM-cycle (special-function units)
     fp32_per_clock: float = 128.0  # fp32 operations per SM-cycle
     ops_per_score: float = 4.0  # scale, max, sum, convert per score
@@ -128,13 +131,21 @@ def estimate_attention(problem: Problem, config: Config, device: Device,
         return AttentionEstimate(int(regs), shared, 0, programs, 0, math.inf, 0.0, math.inf, "resources")
 
     pressure = 1 + k.pressure_cost * max(0.0, regs / device.max_regs_per_thread - k.pressure_from)
-    mma = 4 * bm * bn * d / k.mma_flop_per_clock  # both products, 2·D FLOPs each per query-key pair
+    # both products, 2·D FLOPs each per query-key pair, or the shared memory their operands stream
+    # from where that takes longer: Q and K for the first (every warpgroup reads all of the K
+    # tile), V for the second (P stays in registers)
+    mmas = bm / MMA_ROWS
+    flops = 2 * bm * bn * d / k.mma_flop_per_clock
+    qk = max(flops, (bm * d * size + mmas * bn * d * size) / k.smem_bytes_per_clock)
+    pv = max(flops, mmas * bn * d * size / k.smem_bytes_per_clock)
+    mma = (qk + pv) / k.mma_efficiency
     exp = bm * bn / k.exp_per_clock
     fp32 = bm * bn * k.ops_per_score / k.fp32_per_clock * pressure
     per_row = bm * (d + k.ops_per_row) / k.fp32_per_clock
     exchange = (k.exchange_bytes * bm * bn / k.smem_bytes_per_clock * (MMA_ROWS / rows)) if rows < MMA_ROWS else 0.0
     pipes = _pnorm([mma, exp, fp32 + exchange + per_row + k.step_issue], k.overlap_power)
-    chain = ((mma + exp + fp32 + exchange + per_row) / groups + k.step_latency + (k.tma_latency if tma else 0.0)) \
+    split = groups if rows >= MMA_ROWS else 1  # warpgroups splitting the keys wait on each other's halves
+    chain = ((mma + exp + fp32 + per_row) / split + exchange + k.step_latency + (k.tma_latency if tma else 0.0)) \
         * (1 + k.stage_cost * (stages - 3))
     throughput = resident * pipes
     round_cycles = _pnorm([throughput, chain], k.overlap_power)
