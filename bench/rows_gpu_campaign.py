@@ -1,5 +1,6 @@
-"""Real gpu campaigns of the row-wise families (softmax, rmsnorm, layernorm) on a recorded grid's
-problems, checked against that grid.
+"""Real gpu campaigns of the row-wise families (softmax, rmsnorm, layernorm) and of flash attention
+(`--families attention`: the families a space model of `rules` ranks besides GEMMs) on a recorded
+grid's problems, checked against that grid.
 
 For each family, one campaign over every problem of `data/replay/FAMILY-SET.jsonl.gz`: `python -m
 tilepilot tune` for real (Ray, the compile-ahead pool, the GPU worker), `--cold` (nothing of the
@@ -38,7 +39,8 @@ from tilepilot.experiments import BackendUnavailable, InputError  # noqa: E402
 from tilepilot.kernels.registry import get_family  # noqa: E402
 from tilepilot.orchestrator.replay import ReplayDataset, load_dataset  # noqa: E402
 
-FAMILIES = ("softmax", "rmsnorm", "layernorm")
+ROW_FAMILIES = ("softmax", "rmsnorm", "layernorm")
+FAMILIES = (*ROW_FAMILIES, "attention")
 REPEATS = 3
 
 
@@ -120,13 +122,13 @@ def main() -> int:
     from tilepilot.storage.queries import best, events, open_db
 
     report: dict[str, Any] = {
-        "what": f"cold gpu campaigns of the row-wise families over the problems of their {args.set} grids, "
+        "what": f"cold gpu campaigns of {', '.join(datasets)} over the problems of their {args.set} grids, "
                 f"{args.budget} configs a problem, proposer {args.proposer}; winners looked up in the grid and "
                 f"re-timed beside the recorded optimum ({REPEATS} interleaved re-measurements, the median ratio)",
         "command": " ".join(["python", "bench/rows_gpu_campaign.py", *sys.argv[1:]]),
         "date": dt.date.today().isoformat(), "families": {}}
     for family, dataset in datasets.items():
-        name = f"rows-{family}-{args.set}"
+        name = f"{'rows-' if family in ROW_FAMILIES else ''}{family}-{args.set}"
         toml = Path(args.db).with_name(f"{name}.toml")
         toml.write_text(campaign_toml(name, family, args.proposer, args.budget,
                                       problems=[p.as_dict() for p in dataset.problems]))
