@@ -30,8 +30,11 @@ step and wait on each other (no faster in sequence than one warpgroup). What the
 
 The constants (`AttentionConstants`) are quantities of the right order set by hand, chosen while
 the model was written against the recorded H100 grid (`data/replay/attention-h100.jsonl.gz`, 8
-problems); the `rules` proposer corrects the model with the results of nearby problems the store
-holds and with the problem's own. No torch, no triton here.
+problems). Two fresh H200 sets, each planned first, measured it (`bench/results/attention-h200-
+fresh-plan.json`: whether `rules` keeps it; `-fresh2-plan.json`: the key split's waiting and the
+shared-memory streaming, read off the first set's misses). The `rules` proposer corrects the model
+with the results of nearby problems the store holds and with the problem's own. No torch, no
+triton here.
 """
 
 from __future__ import annotations

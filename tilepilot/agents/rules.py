@@ -80,8 +80,12 @@ layernorm: BLOCK_SIZE, ROWS_PER_PROGRAM, num_warps, num_stages over rows × cols
 model (`row_model`: each program's chain of loads, the bytes streamed, the instructions issued)
 instead; the history corrects it as it does the tile model, from the store's row-wise problems
 whose rows fit a block where this problem's do (or need two passes where these do), nearest by the
-log2 ratios of rows and cols; learnings do not move it. Other spaces without tile parameters get
-no model (a flat prior) and the GP alone.
+log2 ratios of rows and cols; learnings do not move it. Flash attention's space (BLOCK_M, BLOCK_N,
+num_warps, num_stages over B, H, S, D, causal) is ranked by the attention model (`attention_model`:
+the programs resident on an SM, a key step's work on the SM's pipes against one program's step in
+sequence, the loads its stages leave exposed), corrected alike from the store's problems of the same
+causality (`space_models`). Other spaces without tile parameters get no model (a flat prior) and the
+GP alone.
 """
 
 from __future__ import annotations
