@@ -97,7 +97,6 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -105,7 +104,7 @@ from tilepilot.agents.base import Proposer, ProposerContext, ProposerRecords, Se
 from tilepilot.agents.residual_gp import GpSettings, ResidualGp
 from tilepilot.agents.roofline import H100_SXM, Device, gemm_dims, problem_roofline, siblings
 from tilepilot.agents.rules_text import describe
-from tilepilot.agents.space_models import SpaceModel, space_model
+from tilepilot.agents.space_models import SpaceEstimate, SpaceModel, space_model
 from tilepilot.agents.tile_model import (
     ALIASES,
     ROWS_MASKED_VARIANTS,
@@ -171,7 +170,7 @@ class RulesProposer(Proposer):
         # (`space_models`) ranks it instead
         self._space_model: SpaceModel | None = None if self._modelled else space_model(
             ctx.kernel, ctx.space, ctx.problem, device)
-        self._space_est: dict[tuple[object, ...], Any] = {}
+        self._space_est: dict[tuple[object, ...], SpaceEstimate] = {}
         # each parameter's choices -> position (a value matches a choice of its own type only)
         self._positions = [(p.name, {(type(c), c): i for i, c in enumerate(p.choices)}) for p in ctx.space.params]
         inert = _inert(ctx.problem, ctx.space)
@@ -306,7 +305,7 @@ class RulesProposer(Proposer):
         """The model's time before any measurement (1.0 in a space without a tile model)."""
         return math.exp(self._log_model(config))
 
-    def space_estimate(self, config: Config) -> Any:
+    def space_estimate(self, config: Config) -> SpaceEstimate | None:
         """The space model's estimate of a config (a `RowEstimate`, an `AttentionEstimate`), None in a
         space no such model reads."""
         model = self._space_model

@@ -32,6 +32,8 @@ from tilepilot.experiments import Config, Problem, SearchSpace
 
 
 class SpaceEstimate(Protocol):
+    """What `rules` reads of a space model's estimate (`RowEstimate`, `AttentionEstimate`)."""
+
     @property
     def launches(self) -> bool: ...
 
@@ -43,7 +45,7 @@ class SpaceModel(Protocol):
     name: str  # "row model", as rationales and notes name it
     problems: str  # "row-wise problem", as the history's note names a source
 
-    def estimate(self, problem: Problem, config: Config) -> Any: ...
+    def estimate(self, problem: Problem, config: Config) -> SpaceEstimate: ...
 
     def key(self, config: Config) -> tuple[object, ...]: ...
 
@@ -64,7 +66,7 @@ class RowModel:
     name: str = "row model"
     problems: str = "row-wise problem"
 
-    def estimate(self, problem: Problem, config: Config) -> Any:
+    def estimate(self, problem: Problem, config: Config) -> SpaceEstimate:
         return estimate_rows(self.kernel, problem, config, self.device)
 
     def key(self, config: Config) -> tuple[object, ...]:
@@ -97,7 +99,7 @@ class AttentionModel:
     name: str = "attention model"
     problems: str = "attention problem"
 
-    def estimate(self, problem: Problem, config: Config) -> Any:
+    def estimate(self, problem: Problem, config: Config) -> SpaceEstimate:
         return estimate_attention(problem, config, self.device)
 
     def key(self, config: Config) -> tuple[object, ...]:
