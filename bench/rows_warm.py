@@ -1,4 +1,5 @@
-"""Warm start against cold on the row-wise families' recorded grids, through whole replay campaigns.
+"""Warm start against cold on the row-wise families' recorded grids (and flash attention's, `--families
+attention`), through whole replay campaigns.
 
 For each family and each problem P of `data/replay/FAMILY-SET.jsonl.gz`: a cold campaign of the
 default proposer over the grid's other problems fills a store; then two campaigns of P alone, each

@@ -59,7 +59,7 @@ class RowConstants:
     overlap_power: float = 3.0  # the bounds combine as their p-norm: a run near two of them is slower than at either
     # the depth of a two-pass row's loop left unpipelined (num_stages=1): on the two-pass rows of the
     # fresh H200 sets (rows-h200-fresh*-plan.json) its fastest configs ran 0.7-1.1x their 3-stage
-    # twins and 0.8-0.97x their 2-stage ones, the fastest of the grid with 1 stage on 7 of 8
+    # twins and 0.79-0.97x their 2-stage ones, the fastest of the grid with 1 stage on 7 of 8
     unpipelined_depth: float = 3.0
 
 
