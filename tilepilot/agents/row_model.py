@@ -15,8 +15,7 @@ gathers the statistics and a second reads them again and writes. What the model 
   a launch. (1) Latency: a program waits for each load in turn, a memory latency per load (from
   L2 where the data is there: these kernels run without an L2 flush), divided by the depth of the
   loop's pipeline where `num_stages` pipelines it (over the rows of one pass, over the blocks of a
-  row in two; a two-pass loop left unpipelined keeps about three blocks' loads in flight, as
-  measured); it works through its values in sequence (`value_ns` each: a thread's exp,
+  row in two); it works through its values in sequence (`value_ns` each: a thread's exp,
   reductions and store; more where they spill out of the registers); waves run one after another.
   (2) Streaming: the bytes at the DRAM ceiling (the input, twice in two passes, from L2 where it
   fits there with the output) and every load at L2's. (3) Issue: every loop step's warp
@@ -57,10 +56,6 @@ class RowConstants:
     launch_us: float = 2.0  # a launch and a program's start, the same for every config
     base_regs: int = 24  # registers a thread needs besides the values it holds
     overlap_power: float = 3.0  # the bounds combine as their p-norm: a run near two of them is slower than at either
-    # the depth of a two-pass row's loop left unpipelined (num_stages=1): on the two-pass rows of the
-    # fresh H200 sets (rows-h200-fresh*-plan.json) its fastest configs ran 0.7-1.1x their 3-stage
-    # twins and 0.79-0.97x their 2-stage ones, the fastest of the grid with 1 stage on 7 of 8
-    unpipelined_depth: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -130,9 +125,7 @@ def estimate_rows(kernel: str, problem: Problem, config: Config, device: Device,
         row_us = first / depth + work + k.sync_us
         steps = 1
     else:
-        # each pass's loop over the row's blocks; left unpipelined, it keeps about as many loads in
-        # flight as three stages do (`RowConstants.unpipelined_depth`)
-        depth = min(stages if stages > 1 else k.unpipelined_depth, blocks)
+        depth = min(stages, blocks)  # each pass's loop over the row's blocks
         row_us = blocks * (first / depth + work + k.sync_us) + blocks * (first / depth + work * (1 + vectors / 2))
         steps = 2 * blocks
     latency_us = waves * per_program * row_us
