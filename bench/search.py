@@ -8,9 +8,10 @@
     python bench/search.py --kernel softmax --protocol shipped --out bench/results/search-softmax-h100.json
 
 `--kernel` (default matmul) searches another family's recorded grid (its own H100 grid unless
---dataset says otherwise) with the same drive and measures; there `rules` has a tile model only
-where the family is a GEMM (fused_moe), and the rules constants are the shipped ones: another
-family is searched with `--protocol shipped` and `--arm search` alone.
+--dataset says otherwise) with the same drive and measures; there `rules` has the tile model where
+the family is a GEMM (fused_moe), the row model for softmax, rmsnorm and layernorm, the attention
+model for attention, and the rules constants are the shipped ones: another family is searched with
+`--protocol shipped` alone, and `--arm search` or `--arm warm`.
 
 Method. Every (proposer, problem, seed) is a fresh campaign of one problem on the replay
 backend, driven in process by `drive` below: the driver's loop without the store and queue
@@ -961,7 +962,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", help=f"--arm history: which heads besides cold (default: all of "
                                    f"{','.join(h for h in HEADS if h)})")
     p.add_argument("--kernel", default="matmul",
-                   help="the family whose recorded grid is searched (another than matmul: --protocol shipped)")
+                   help="the family whose recorded grid is searched (another than matmul: --protocol shipped, "
+                        "--arm search or warm)")
     p.add_argument("--dataset", help="default: the family's own H100 grid, e.g. data/replay/matmul-h100.jsonl.gz")
     p.add_argument("--out", help="default: bench/results/search-h100.json (search), warm-start-h100.json (warm)")
     p.add_argument("--protocol", choices=PROTOCOLS, default="lopo")
@@ -997,9 +999,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.kernel not in family_names():
         p.error(f"unknown --kernel {args.kernel!r} (allowed: {', '.join(family_names())})")
-    if args.kernel != "matmul" and (args.arm != "search" or args.protocol != "shipped"):
-        p.error(f"--kernel {args.kernel}: only --arm search with --protocol shipped (the rules constants are "
-                "fitted on matmul grids)")
+    if args.kernel != "matmul" and args.protocol != "shipped":
+        p.error(f"--kernel {args.kernel}: only --protocol shipped (the rules constants are fitted on matmul grids)")
+    if args.kernel != "matmul" and args.arm == "history":
+        p.error(f"--kernel {args.kernel}: --arm history is for matmul (allowed here: --arm search or warm)")
     KERNEL = args.kernel
     try:
         args.dataset = args.dataset or str(default_dataset(KERNEL))

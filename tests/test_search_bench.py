@@ -15,8 +15,9 @@ import search  # type: ignore[import-not-found]  # noqa: E402
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--kernel", "nope", "--protocol", "shipped"], "unknown --kernel 'nope' (allowed: attention,"),
-    (["--kernel", "softmax"], "--kernel softmax: only --arm search with --protocol shipped"),
-    (["--kernel", "softmax", "--protocol", "shipped", "--arm", "warm"], "--kernel softmax: only --arm search"),
+    (["--kernel", "softmax"], "--kernel softmax: only --protocol shipped"),
+    (["--kernel", "softmax", "--protocol", "shipped", "--arm", "history"],
+     "--kernel softmax: --arm history is for matmul (allowed here: --arm search or warm)"),
     (["--batch", "0"], "--batch 0: must be 1 or more"),
     (["--arm", "history", "--heads", "T,nope"], "unknown --heads 'nope' (allowed: warm, n, cc,"),
     (["--noise", "1.5"], "--noise 1.5: must be at least 0 and below 1"),
