@@ -54,7 +54,8 @@ def grid_path(family: str, name: str) -> Path:
 def row_arguments(ap: argparse.ArgumentParser) -> None:
     """The options this script shares with bench/rows_warm.py: the grids, the families, the campaigns."""
     ap.add_argument("--set", default="h200-fresh", help="grids data/replay/FAMILY-SET.jsonl.gz (default h200-fresh)")
-    ap.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    ap.add_argument("--families", default=",".join(ROW_FAMILIES),
+                    help=f"comma-separated, of {', '.join(FAMILIES)} (default the row-wise ones)")
     ap.add_argument("--proposer", default="portfolio")
     ap.add_argument("--budget", type=int, default=8, help="distinct configs a problem (default 8)")
 
