@@ -73,7 +73,7 @@ class AttentionConstants:
     lead: float = 1.5  # rounds a load is issued ahead of its use: num_stages - lead
     stage_cost: float = 0.03  # each pipeline stage past 3 lengthens a step by this much
     exchange_bytes: float = 8.0  # shared-memory bytes per score exchanged when warpgroups split keys
-    smem_bytes_per_clock: float = 128.0
+    smem_bytes_per_clock: float = 128.0  # shared memory read per SM-cycle
     pressure_from: float = 0.7  # registers past this share of a thread's 255 slow its fp32 work...
     pressure_cost: float = 6.0  # ...by this much per unit of the share
     overlap_power: float = 3.0  # parts combine as their p-norm
