@@ -9,7 +9,10 @@ second). And whether the second recording moves some tile shapes against the oth
 (`shape_shift`): for each BLOCK_SIZE_M x BLOCK_SIZE_N x num_warps, the mean over the configs
 both timed in full of log(time_b / time_a) less its problem's median, so that a level shift of
 the whole problem (another clock, another day) cancels; noise averages out, an order or method
-that favours a shape does not. The pairs are named NAME=A,B.
+that favours a shape does not. The pairs are named NAME=A,B. With `--pool`, also the shape shift
+over every pair's problems together ("pooled"; each problem's level still cancels on its own), and
+in `tile_model.ORDER_MARK`'s form ("order_mark": (BLOCK_SIZE_M, BLOCK_SIZE_N, num_warps) -> shift,
+rounded to 4 places) where the pairs are rotating recordings (A) against shuffled ones (B).
 
     python bench/order_compare.py --out bench/results/order-repeatability-h200.json \\
         rotating=bench/results/order-runs-h200/rotating-1.jsonl.gz,bench/results/order-runs-h200/rotating-2.jsonl.gz ...
@@ -88,25 +91,50 @@ def shape_shift(a: dict[str, dict[tuple[int, ...], float]],
             for shape, xs in sorted(shifts.items())}
 
 
+def pooled(pairs: dict[str, tuple[dict[str, dict[tuple[int, ...], float]], dict[str, dict[tuple[int, ...], float]]]]
+           ) -> dict[str, Any]:
+    """The shape shift over the problems of every pair together (labels kept apart by pair name),
+    and the same in `tile_model.ORDER_MARK`'s form."""
+    a_all: dict[str, dict[tuple[int, ...], float]] = {}
+    b_all: dict[str, dict[tuple[int, ...], float]] = {}
+    for name, (a, b) in pairs.items():
+        a_all.update({f"{name}/{label}": t for label, t in a.items()})
+        b_all.update({f"{name}/{label}": t for label, t in b.items()})
+    shift = shape_shift(a_all, b_all)
+    mark = {}
+    for shape, r in shift.items():
+        bm_bn, warps = shape.split(" w")
+        bm, bn = bm_bn.split("x")
+        mark[f"{bm},{bn},{warps}"] = round(r["mean_log_shift"], 4)
+    return {"pairs": sorted(pairs), "problems": len(set(a_all) & set(b_all)), "shape_shift": shift, "order_mark": mark}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("pairs", nargs="+", help="NAME=A,B: two datasets of the same problems")
+    ap.add_argument("--pool", action="store_true", help="also the shape shift over every pair's problems together")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"command": " ".join(["python", "bench/order_compare.py", *sys.argv[1:]]),
                            "date": dt.date.today().isoformat(), "near_best": NEAR_BEST, "pairs": {}}
+    loaded = {}
     for spec in args.pairs:
         name, _, files = spec.partition("=")
         paths = files.split(",")
         if not name or len(paths) != 2:
             raise InputError(f"bad pair {spec!r}: give NAME=A,B (two datasets)")
-        a, b = load(paths[0]), load(paths[1])
+        if name in loaded:
+            raise InputError(f"pair name {name!r} given twice: name each pair once")
+        a, b = loaded[name] = load(paths[0]), load(paths[1])
         out["pairs"][name] = {"a": paths[0], "b": paths[1], "problems": compare(a, b), "shape_shift": shape_shift(a, b)}
         for label, r in out["pairs"][name]["problems"].items():
             print(f"{name:34s} {label:28s} median {r['median_abs_log_ratio']:.3f} max {r['max_abs_log_ratio']:.3f} "
                   f"{'same best' if r['same_best'] else 'best differs: ' + str(r['a_best_in_b_over_b_best'])}")
         for shape, r in out["pairs"][name]["shape_shift"].items():
             print(f"{name:34s} {shape:28s} {r['configs']:4d} configs, mean shift {r['mean_log_shift']:+.3f}")
+    if args.pool:
+        out["pooled"] = pooled(loaded)
+        print(f"pooled over {out['pooled']['problems']} problems: order_mark {out['pooled']['order_mark']}")
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

@@ -115,3 +115,34 @@ def test_the_shape_shift_reads_only_configs_both_recordings_timed() -> None:
     a = {"p": {_tile(128, 128, 8): 1.0, _tile(64, 64, 4): 2.0}, "only-a": {_tile(64, 64, 4): 1.0}}
     b = {"p": {_tile(128, 128, 8): 1.0, _tile(128, 256, 8): 0.5}}
     assert order_compare.shape_shift(a, b) == {}  # one config in common: no shift to read
+
+
+def test_the_pooled_shift_keeps_each_pairs_problems_apart_and_reads_as_the_models_order_mark() -> None:
+    # the same label in two pairs: two problems, each with its own level
+    a1 = {"p": {_tile(128, 128, 8): 1.0, _tile(128, 256, 8): 1.0, _tile(64, 64, 4): 1.0}}
+    b1 = {"p": {_tile(128, 128, 8): 2.0, _tile(128, 256, 8): 2.0 * 1.04, _tile(64, 64, 4): 2.0}}
+    a2 = {"p": {_tile(128, 128, 8): 3.0, _tile(128, 256, 8): 3.0, _tile(64, 64, 4): 3.0}}
+    b2 = {"p": {_tile(128, 128, 8): 1.5, _tile(128, 256, 8): 1.5 * 1.02, _tile(64, 64, 4): 1.5}}
+    out = order_compare.pooled({"one": (a1, b1), "two": (a2, b2)})
+    assert out["pairs"] == ["one", "two"] and out["problems"] == 2
+    assert out["shape_shift"]["128x256 w8"]["configs"] == 2
+    assert out["order_mark"]["128,256,8"] == pytest.approx(round(math.log(1.04 * 1.02) / 2, 4))
+    assert out["order_mark"]["128,128,8"] == 0.0 and out["order_mark"]["64,64,4"] == 0.0
+
+
+def test_the_pooled_h200_pair_gives_the_shipped_order_mark(tmp_path: Path) -> None:
+    from tilepilot.agents.tile_model import ORDER_MARK
+
+    out = order_compare.pooled({"h200": (order_compare.load(H200), order_compare.load(RERECORD))})
+    assert {tuple(int(x) for x in k.split(",")): v for k, v in out["order_mark"].items()} == dict(ORDER_MARK)
+
+
+def test_a_pair_named_twice_is_refused_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "shift.json"
+    proc = subprocess.run([sys.executable, str(REPO / "bench/order_compare.py"), "--pool", "--out", str(out),
+                           f"x={H200},{RERECORD}", f"x={H200},{RERECORD}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line == "order_compare.py: error: pair name 'x' given twice: name each pair once"
+    assert not out.exists()
