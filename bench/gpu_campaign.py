@@ -140,8 +140,7 @@ def arbitrate(result_path: Path, dataset: ReplayDataset, out: Path) -> None:
         problem = family.parse_problem(row["problem"])
         space = dataset.space(family, problem)
         winner = space.parse({k: v for k, v in row["winner"].items() if k != "FAULT"})
-        ok = [(r.median_ms, c) for c, r in dataset.records(problem).items() if r.median_ms is not None]
-        optimum = min(ok, key=lambda x: (x[0], x[1].key()))[1]
+        optimum = dataset.optimum(problem)
         if winner == optimum:
             row["regret_remeasured"], row["remeasured_ratios"] = 0.0, []
             continue

@@ -137,8 +137,7 @@ def remeasure_winners(report: dict, dataset: ReplayDataset, target: Problem) -> 
     from tilepilot.kernels.evaluate import Evaluator
 
     space = dataset.space(get_family("matmul"), target)
-    ok = [(r.median_ms, c) for c, r in dataset.records(target).items() if r.median_ms is not None]
-    optimum = min(ok, key=lambda x: (x[0], x[1].key()))[1]
+    optimum = dataset.optimum(target)
     arms = {"cold": space.parse(report["cold"]["winner"]), "warm": space.parse(report["warm"]["winner"])}
     ev = Evaluator("gpu", spread_target=0.01, time_cap_ms=100.0)
     configs = [optimum, *dict.fromkeys(arms.values())]

@@ -80,8 +80,7 @@ def retime(family: str, dataset: ReplayDataset, rows: list[dict[str, Any]]) -> N
         problem = fam.parse_problem(row["problem"])
         space = dataset.space(fam, problem)
         winner = space.parse(row["winner"])
-        ok = [(r.median_ms, c) for c, r in dataset.records(problem).items() if r.median_ms is not None]
-        optimum = min(ok, key=lambda x: (x[0], x[1].key()))[1]
+        optimum = dataset.optimum(problem)
         row["recorded_optimum"] = optimum.as_dict()
         if winner == optimum:
             row["remeasured_ratios"], row["regret_remeasured"] = [], 0.0

@@ -568,8 +568,7 @@ ARMS = ("cold", "warm")
 def recorded_winner(dataset: ReplayDataset, problem: Problem) -> WinnerSource:
     """The recorded optimum of a problem, as the winner a campaign that found it would have left."""
     records = dataset.records(problem)
-    config = min((c for c, r in records.items() if r.median_ms is not None),
-                 key=lambda c: (records[c].median_ms, c.key()))
+    config = dataset.optimum(problem)
     env = records[config].env
     return WinnerSource(problem, config, records[config].median_ms or math.inf, "recorded-grid", env.torch,
                         env.triton, 0.0)

@@ -86,6 +86,34 @@ def test_a_truncated_gzip_dataset_is_a_dataset_error(tmp_path: Path) -> None:
         load_dataset(bad, get_family("softmax"))
 
 
+def test_the_recorded_optimum_is_the_fastest_config_ties_going_to_the_first_key(tmp_path: Path) -> None:
+    path = default_dataset("softmax")
+    rows = [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line.strip()]
+    family = get_family("softmax")
+    ds = load_dataset(path, family)
+    problem = ds.problems[0]
+    fastest = ds.optimum(problem)
+    assert ds.records(problem)[fastest].median_ms == ds.optimum_ms(problem)
+    # another config of the problem tied with the fastest: the first of the two by config key wins
+    mine = [r for r in rows if "config" in r and family.parse_problem(r["problem"]) == problem
+            and r.get("median_ms") is not None]
+    other = next(r for r in mine if ds.space(family, problem).parse(r["config"]) != fastest)
+    other["median_ms"] = ds.optimum_ms(problem)
+    tied = tmp_path / "tied.jsonl"
+    tied.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tds = load_dataset(tied, family)
+    pair = {fastest, tds.space(family, problem).parse(other["config"])}
+    assert tds.optimum(problem) == min(pair, key=lambda c: c.key())
+    # a problem none of whose configs was timed has no optimum
+    for r in rows:
+        if "config" in r and family.parse_problem(r["problem"]) == problem:
+            r["median_ms"], r["status"] = None, "compile_error"
+    untimed = tmp_path / "untimed.jsonl"
+    untimed.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DatasetError, match=f"no config of {problem.label()} was timed"):
+        load_dataset(untimed, family).optimum(problem)
+
+
 def test_the_h200_matmul_recording_is_a_full_grid_of_problems_the_h100_grid_lacks(tmp_path: Path) -> None:
     family = get_family("matmul")
     h200 = load_dataset(DATA_DIR / "matmul-h200.jsonl.gz", family)

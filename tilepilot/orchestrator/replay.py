@@ -98,6 +98,15 @@ class ReplayDataset:
         times = [r.median_ms for r in self.records(problem).values() if r.median_ms is not None]
         return min(times) if times else None
 
+    def optimum(self, problem: Problem) -> Config:
+        """The recorded optimum of a problem: its fastest config, ties going to the first config key."""
+        records = self.records(problem)
+        timed = [c for c, r in records.items() if r.median_ms is not None]
+        if not timed:
+            raise DatasetError(f"no config of {problem.label()} was timed in the dataset {self.path.name}, "
+                               "so it has no recorded optimum")
+        return min(timed, key=lambda c: (records[c].median_ms, c.key()))
+
     def result(self, problem: Problem, config: Config) -> Result:
         rec = self.records(problem).get(config)
         if rec is None:
