@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tilepilot.experiments.errors import InputError
 
 NEAR_BEST = 1.2
+Times = dict[str, dict[tuple[int, ...], float]]  # problem label -> config tile -> median ms
 TILE = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 
@@ -91,12 +92,11 @@ def shape_shift(a: dict[str, dict[tuple[int, ...], float]],
             for shape, xs in sorted(shifts.items())}
 
 
-def pooled(pairs: dict[str, tuple[dict[str, dict[tuple[int, ...], float]], dict[str, dict[tuple[int, ...], float]]]]
-           ) -> dict[str, Any]:
+def pooled(pairs: dict[str, tuple[Times, Times]]) -> dict[str, Any]:
     """The shape shift over the problems of every pair together (labels kept apart by pair name),
     and the same in `tile_model.ORDER_MARK`'s form."""
-    a_all: dict[str, dict[tuple[int, ...], float]] = {}
-    b_all: dict[str, dict[tuple[int, ...], float]] = {}
+    a_all: Times = {}
+    b_all: Times = {}
     for name, (a, b) in pairs.items():
         a_all.update({f"{name}/{label}": t for label, t in a.items()})
         b_all.update({f"{name}/{label}": t for label, t in b.items()})
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"command": " ".join(["python", "bench/order_compare.py", *sys.argv[1:]]),
                            "date": dt.date.today().isoformat(), "near_best": NEAR_BEST, "pairs": {}}
-    loaded = {}
+    loaded: dict[str, tuple[Times, Times]] = {}
     for spec in args.pairs:
         name, _, files = spec.partition("=")
         paths = files.split(",")
