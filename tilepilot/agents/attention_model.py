@@ -68,7 +68,7 @@ class AttentionConstants:
     ops_per_row: float = 96.0  # a query row's per-step work besides its accumulator (alpha, m, l, reductions)
     step_issue: float = 100.0  # SM-cycles of a step's own bookkeeping (addresses, barriers, loop)
     step_latency: float = 250.0  # SM-cycles one step waits in sequence besides its work (MMA and shuffle latency)
-    tma_setup: float = 1000.0  # SM-cycles a tma program spends making its tensor descriptors before its first step
+    tma_latency: float = 40.0  # more per step through the tensor-memory copies (their barriers)
     load_latency: float = 3000.0  # SM-cycles of a K/V tile's round trip from L2 under load
     lead: float = 1.5  # rounds a load is issued ahead of its use: num_stages - lead
     stage_cost: float = 0.03  # each pipeline stage past 3 lengthens a step by this much
@@ -151,7 +151,7 @@ def estimate_attention(problem: Problem, config: Config, device: Device,
     exchange = (k.exchange_bytes * bm * bn / k.smem_bytes_per_clock * (MMA_ROWS / rows)) if rows < MMA_ROWS else 0.0
     pipes = _pnorm([mma, exp, fp32 + exchange + per_row + k.step_issue], k.overlap_power)
     split = groups if rows >= MMA_ROWS else 1  # warpgroups splitting the keys wait on each other's halves
-    chain = ((mma + exp + fp32 + per_row) / split + exchange + k.step_latency) \
+    chain = ((mma + exp + fp32 + per_row) / split + exchange + k.step_latency + (k.tma_latency if tma else 0.0)) \
         * (1 + k.stage_cost * (stages - 3))
     throughput = resident * pipes
     round_cycles = _pnorm([throughput, chain], k.overlap_power)
@@ -165,9 +165,8 @@ def estimate_attention(problem: Problem, config: Config, device: Device,
     else:
         per_program = [math.ceil(s / bn)] * n_m
     steps = b * h * sum(per_program)
-    setup = k.tma_setup if tma else 0.0  # once a program, overlapped by the others resident with it
-    spread = (steps * round_cycles + programs * setup) / device.sms / resident  # every SM busy with `resident` programs
-    longest = max(per_program) * round_cycles + setup
+    spread = steps / device.sms * round_cycles / resident  # every SM busy with `resident` programs
+    longest = max(per_program) * round_cycles
     cycles = max(spread, longest)
     limit = ("longest program" if longest > spread else "throughput" if throughput >= chain + exposed
              else "latency")
