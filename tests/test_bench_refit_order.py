@@ -130,7 +130,7 @@ def test_the_pooled_shift_keeps_each_pairs_problems_apart_and_reads_as_the_model
     assert out["order_mark"]["128,128,8"] == 0.0 and out["order_mark"]["64,64,4"] == 0.0
 
 
-def test_the_pooled_h200_pair_gives_the_shipped_order_mark(tmp_path: Path) -> None:
+def test_the_pooled_h200_pair_gives_the_shipped_order_mark() -> None:
     from tilepilot.agents.tile_model import ORDER_MARK
 
     out = order_compare.pooled({"h200": (order_compare.load(H200), order_compare.load(RERECORD))})
