@@ -38,10 +38,10 @@ Times = dict[str, dict[tuple[int, ...], float]]  # problem label -> config tile 
 TILE = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 
-def load(path: str) -> dict[str, dict[tuple[int, ...], float]]:
+def load(path: str) -> Times:
     """Problem label -> config tile -> median ms, for the configs timed in full."""
     opener = gzip.open if path.endswith(".gz") else open
-    out: dict[str, dict[tuple[int, ...], float]] = {}
+    out: Times = {}
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             for line in f:
@@ -58,8 +58,7 @@ def load(path: str) -> dict[str, dict[tuple[int, ...], float]]:
     return out
 
 
-def compare(a: dict[str, dict[tuple[int, ...], float]],
-            b: dict[str, dict[tuple[int, ...], float]]) -> dict[str, dict[str, Any]]:
+def compare(a: Times, b: Times) -> dict[str, dict[str, Any]]:
     result = {}
     for label in sorted(set(a) & set(b)):
         ta, tb = a[label], b[label]
@@ -73,8 +72,7 @@ def compare(a: dict[str, dict[tuple[int, ...], float]],
     return result
 
 
-def shape_shift(a: dict[str, dict[tuple[int, ...], float]],
-                b: dict[str, dict[tuple[int, ...], float]]) -> dict[str, dict[str, float]]:
+def shape_shift(a: Times, b: Times) -> dict[str, dict[str, float]]:
     """Tile shape "BMxBN wW" -> the configs compared and the mean of log(time_b / time_a) less
     the problem's median (see the module docstring)."""
     shifts: dict[str, list[float]] = {}
