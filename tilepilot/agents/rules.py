@@ -116,7 +116,6 @@ from tilepilot.agents.tile_model import (
     configured_constants,
     element_wise_operands,
     estimate_tile,
-    order_table,
     tile_from,
     tile_of,
 )
@@ -166,7 +165,6 @@ class RulesProposer(Proposer):
         self._results: dict[Config, Result] = {}
         self._pool: _Pool | None = None  # valid configs the model lets launch, in prior order
         self._est: dict[Tile, Estimate] = {}  # the tile model's estimate of each tile seen
-        self._mark = order_table(ctx.device)  # the order mark of the device the results come from
         self._modelled = gemm_dims(ctx.problem) is not None
         # a row-wise kernel's space (softmax, rmsnorm, layernorm) or flash attention's: its own model
         # (`space_models`) ranks it instead
@@ -300,7 +298,7 @@ class RulesProposer(Proposer):
             return None
         est = self._est.get(tile)
         if est is None:
-            est = self._est[tile] = estimate_tile(self.ctx.problem, tile, self.device, self.constants, self._mark)
+            est = self._est[tile] = estimate_tile(self.ctx.problem, tile, self.device, self.constants)
         return est
 
     def prior_ms(self, config: Config) -> float:

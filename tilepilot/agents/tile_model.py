@@ -39,7 +39,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,26 +116,6 @@ ORDER_MARK: Mapping[tuple[int, int, int], float] = {
     (128, 128, 4): -0.067, (128, 128, 8): -0.0952, (128, 256, 8): 0.0892, (256, 64, 4): 0.0133,
     (256, 64, 8): 0.0202, (256, 128, 8): 0.0815,
 }
-
-# The H100's own mark (bench/results/order-shape-shift-h100.json, pooled over the two fresh H100
-# sets recorded in rotating order against their shuffled re-recordings): smaller than the H200's
-# and not of its shape. A device matching a pattern of ORDER_MARKS takes its table, any other
-# ORDER_MARK (to be decided on the fourth fresh H100 set: bench/results/matmul-h100-fresh4-plan.json).
-H100_ORDER_MARK: Mapping[tuple[int, int, int], float] = {
-    (64, 64, 4): 0.0009, (64, 64, 8): 0.0103, (64, 128, 4): 0.0024, (64, 128, 8): 0.0058, (64, 256, 4): 0.0003,
-    (64, 256, 8): -0.0012, (128, 64, 4): -0.0141, (128, 64, 8): -0.0127, (128, 128, 4): -0.0142,
-    (128, 128, 8): -0.0214, (128, 256, 8): -0.0108, (256, 64, 4): 0.0022, (256, 64, 8): 0.0119,
-    (256, 128, 8): 0.0216,
-}
-ORDER_MARKS: tuple[tuple[re.Pattern[str], Mapping[tuple[int, int, int], float]], ...] = (
-    (re.compile(r"\bH100\b"), H100_ORDER_MARK),
-)
-
-
-def order_table(device: str) -> Mapping[tuple[int, int, int], float]:
-    """The order mark of the device results come from (its name as NVML reports it)."""
-    return next((table for pattern, table in ORDER_MARKS if pattern.search(device)), ORDER_MARK)
-
 
 DEFAULT_CONSTANTS = Constants()
 CONSTANTS_ENV = "TILEPILOT_RULES_CONSTANTS"
@@ -250,16 +229,15 @@ def has_model(problem: Problem, config: Config) -> bool:
 
 
 def estimate(problem: Problem, config: Config, device: Device = H100_SXM,
-             k: Constants = DEFAULT_CONSTANTS, mark: Mapping[tuple[int, int, int], float] = ORDER_MARK) -> Estimate:
+             k: Constants = DEFAULT_CONSTANTS) -> Estimate:
     """The model's view of one config. Raises ValueError when the problem or config has no model."""
     tile = tile_of(config)
     if tile is None:
         raise ValueError(f"no tile model for {problem.label()} / {config.label()}")
-    return estimate_tile(problem, tile, device, k, mark)
+    return estimate_tile(problem, tile, device, k)
 
 
-def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Constants = DEFAULT_CONSTANTS,
-                  mark: Mapping[tuple[int, int, int], float] = ORDER_MARK) -> Estimate:
+def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Constants = DEFAULT_CONSTANTS) -> Estimate:
     """The model's view of one tile (what `estimate` reads from a config). Raises ValueError when
     the problem has no model."""
     dims = gemm_dims(problem)
@@ -329,7 +307,7 @@ def estimate_tile(problem: Problem, t: Tile, device: Device = H100_SXM, k: Const
     if body_us < k.launch_us:
         limit = "launch"
     total_us = (body_us + k.launch_us) * (1.0 + k.spill_cost * spilled / device.max_regs_per_thread)
-    total_us *= math.exp(k.order_mark * mark.get((t.bm, t.bn, t.warps), 0.0))
+    total_us *= math.exp(k.order_mark * ORDER_MARK.get((t.bm, t.bn, t.warps), 0.0))
     return Estimate(t, shared, acc, regs, spilled, bps, tiles, waves, waste, compute_us, feed_us, dram_us,
                     total_us * 1e-3, limit, ", ".join(scalar))
 
